@@ -1,0 +1,15 @@
+"""DiffusionGemma engine: loading, the block-diffusion loop, capture and readouts (no ComfyUI)."""
+
+from .versions import check_versions
+
+check_versions()
+
+from .knobs import KNOBS, Knobs  # noqa: E402
+from .loading import load_model  # noqa: E402
+from .loop import Cancelled  # noqa: E402
+from .payloads import CanvasState, DGemmaModel, RunConfig  # noqa: E402
+from .run import RunResult, generate  # noqa: E402
+from .trace import CanvasTrace, Frame  # noqa: E402
+
+__all__ = ["KNOBS", "Knobs", "load_model", "Cancelled", "CanvasState", "DGemmaModel", "RunConfig",
+           "RunResult", "generate", "CanvasTrace", "Frame"]

@@ -1,0 +1,110 @@
+"""Encoded context as an immutable KV cache payload: mint, advance, validate, fork.
+
+Nothing here grows a cache someone else holds: every use starts from a zero-copy fork, so one
+payload can be reused and fanned out to any number of runs with identical results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .cache import encode_ids, fork_cache, input_device, new_cache
+from .loop import Cancelled
+from .tokens import context_ids
+
+CHUNK = 1024  # tokens encoded per forward, so a long context stays interruptible
+
+
+def geometry(model) -> dict:
+    tc = model.config.get_text_config(decoder=True)
+    return {"layer_types": tuple(tc.layer_types), "hidden_size": tc.hidden_size,
+            "num_key_value_heads": tc.num_key_value_heads, "head_dim": tc.head_dim,
+            "sliding_window": tc.sliding_window, "vocab_size": tc.vocab_size,
+            "canvas_length": model.config.canvas_length}
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode("utf-8", "surrogatepass"))
+    return f"{len(vocab)}:{digest.hexdigest()[:16]}"
+
+
+@dataclass(frozen=True, eq=False)
+class KVCache:
+    """An encoded token sequence. Never mutated: runs read it through `fork_for`."""
+
+    cache: object
+    token_ids: tuple[int, ...]   # provenance: every id this cache holds, in order
+    model_source: str
+    tokenizer_fingerprint: str
+    geometry: dict
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    def check_model(self, dm) -> None:
+        """Refuse a cache minted by a different model or tokenizer, before any work."""
+        mine = geometry(dm.model)
+        if self.geometry != mine:
+            diff = {k: (v, mine.get(k)) for k, v in self.geometry.items() if mine.get(k) != v}
+            raise ValueError(f"kv_cache was encoded by a model with another geometry {diff} (cache, model); "
+                             "re-run DGemmaEncode with this model")
+        if self.model_source != dm.source:
+            raise ValueError(f"kv_cache was encoded by {self.model_source!r}, not by {dm.source!r}; "
+                             "re-run DGemmaEncode with the model this run uses")
+        if self.tokenizer_fingerprint != dm.tokenizer_fingerprint:
+            raise ValueError(f"kv_cache was encoded with tokenizer {self.tokenizer_fingerprint}, this model's "
+                             f"is {dm.tokenizer_fingerprint}; re-run DGemmaEncode with this model")
+
+    def fork_for(self, dm):
+        """A private cache on the model's device and dtype; the payload's tensors are untouched."""
+        forked = fork_cache(self.cache)
+        device = input_device(dm.model)
+        dtype = next(dm.model.parameters()).dtype
+        for layer in forked.layers:
+            keys = getattr(layer, "keys", None)
+            if isinstance(keys, torch.Tensor) and keys.numel() and (keys.device != device or
+                                                                    (keys.is_floating_point() and keys.dtype != dtype)):
+                layer.keys = keys.to(device=device, dtype=dtype)
+                layer.values = layer.values.to(device=device, dtype=dtype)
+        return forked
+
+    def summary(self) -> dict:
+        ids = ",".join(map(str, self.token_ids)).encode()
+        return {"length": self.length, "model_source": self.model_source,
+                "tokenizer_fingerprint": self.tokenizer_fingerprint,
+                "token_ids_sha256": hashlib.sha256(ids).hexdigest()[:16]}
+
+    def advanced(self, cache, new_ids) -> "KVCache":
+        return KVCache(cache, self.token_ids + tuple(int(i) for i in new_ids), self.model_source,
+                       self.tokenizer_fingerprint, self.geometry)
+
+
+def encode_context(dm, text: str, onto: KVCache | None = None,
+                   should_cancel: Callable[[], bool] | None = None) -> KVCache:
+    """Mint a cache from raw `text` (no chat framing), or advance `onto` with more text."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be text, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError("text is empty; type the context to encode (a document, a prior turn)")
+    if onto is not None and not isinstance(onto, KVCache):
+        raise ValueError(f"kv_cache must come from DGemmaEncode, got {type(onto).__name__}")
+    if onto is not None:
+        onto.check_model(dm)
+        cache, ids = onto.fork_for(dm), list(dm.tokenizer.encode(text, add_special_tokens=False))
+    else:
+        cache, ids = new_cache(dm.model), context_ids(dm, text)
+    for start in range(0, len(ids), CHUNK):
+        if should_cancel is not None and should_cancel():
+            raise Cancelled(0)
+        encode_ids(dm.model, cache, ids[start:start + CHUNK])
+    return onto.advanced(cache, ids) if onto is not None else mint(dm, cache, ids)
+
+
+def mint(dm, cache, ids) -> KVCache:
+    return KVCache(cache, tuple(int(i) for i in ids), dm.source, dm.tokenizer_fingerprint, geometry(dm.model))

@@ -1,0 +1,79 @@
+"""The sampler's knobs: one table of names, defaults, ranges and tooltips, and their validation.
+
+The nodes build their widgets from `KNOBS`, so the engine and the canvas agree on every range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+SEED_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    kind: type
+    default: object
+    lo: float | None = None
+    hi: float | None = None
+    step: float | None = None
+    tooltip: str = ""
+
+
+KNOBS: dict[str, KnobSpec] = {
+    "seed": KnobSpec(int, 0, 0, SEED_MAX, 1,
+                     "Seed of the one random generator behind the noise canvas, sampling and renoise (an integer)."),
+    "num_inference_steps": KnobSpec(int, 48, 1, 1024, 1,
+                                    "Most denoising steps per block (a count); the schedule position is t = (N - step) / N."),
+    "t_min": KnobSpec(float, 0.4, 0.0, 1.0, 0.01,
+                      "Temperature the anneal cools toward (dimensionless softmax divisor); the last step uses t_min + (t_max - t_min) / N."),
+    "t_max": KnobSpec(float, 0.8, 0.0, 1.0, 0.01,
+                      "Temperature of the first step (dimensionless softmax divisor), where t = 1."),
+    "entropy_bound": KnobSpec(float, 0.1, 0.0, 1.0, 0.001,
+                              "Joint entropy budget per step in nats: the lowest-entropy positions are accepted while their summed entropy fits."),
+    "confidence": KnobSpec(float, 0.005, 0.0, 1.0, 0.001,
+                           "Adaptive stop in nats: a block ends once its argmax is stable and the mean entropy of the scaled logits is below this; 0 never stops early."),
+    "gen_length": KnobSpec(int, 256, 1, 8192, 1,
+                           "Tokens to generate; run as ceil(gen_length / canvas_length) blocks (256 tokens each on the real model)."),
+    "thinking": KnobSpec(bool, False,
+                         tooltip="Render the chat template with the model's native thinking switch (enable_thinking=True); the thought goes to canvas_state, not text."),
+}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    seed: int = 0
+    num_inference_steps: int = 48
+    t_min: float = 0.4
+    t_max: float = 0.8
+    entropy_bound: float = 0.1
+    confidence: float = 0.005
+    gen_length: int = 256
+    thinking: bool = False
+
+    def __post_init__(self):
+        for name, spec in KNOBS.items():
+            value = getattr(self, name)
+            if spec.kind is bool:
+                if not isinstance(value, bool):
+                    raise ValueError(f"{name} must be true or false, got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    spec.kind is int and not isinstance(value, int)):
+                raise ValueError(f"{name} must be a {spec.kind.__name__}, got {value!r}")
+            if not spec.lo <= value <= spec.hi:
+                raise ValueError(f"{name} must be between {spec.lo} and {spec.hi}, got {value!r}; "
+                                 f"set it inside that range (default {spec.default})")
+        if self.t_min > self.t_max:
+            raise ValueError(f"t_min must not exceed t_max, got t_min={self.t_min!r} > t_max={self.t_max!r}; "
+                             "swap them (t_max is the hot first step)")
+        if self.t_max == 0:
+            raise ValueError("t_max must be above 0, got 0.0; a zero temperature divides the logits by zero")
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+    def temperature(self, step: int) -> float:
+        """The scheduler's annealed temperature at `step` (0-based) of a block."""
+        fraction = (self.num_inference_steps - step) / self.num_inference_steps
+        return self.t_min + (self.t_max - self.t_min) * fraction

@@ -1,0 +1,90 @@
+"""Immutable payloads passed between nodes: the loaded model, the honesty readout, the run config."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+from .knobs import Knobs
+
+
+@dataclass(frozen=True, eq=False)
+class DGemmaModel:
+    """A loaded DiffusionGemma: the transformers model, its tokenizer/processor and where it runs."""
+
+    model: object
+    tokenizer: object
+    processor: object
+    source: str
+    quant: str
+    device: str
+    dtype: str
+    eos_ids: tuple[int, ...]
+    channel_ids: tuple[int, int] | None  # (<|channel>, <channel|>)
+
+    @property
+    def canvas_length(self) -> int:
+        return int(self.model.config.canvas_length)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.get_text_config(decoder=True).vocab_size)
+
+    @cached_property
+    def token_strings(self) -> tuple[str, ...]:
+        """Display string of every id, computed once: frames join these instead of decoding."""
+        from .tokens import display_strings
+
+        return display_strings(self.tokenizer, self.vocab_size)
+
+    @cached_property
+    def tokenizer_fingerprint(self) -> str:
+        from .context import tokenizer_fingerprint
+
+        return tokenizer_fingerprint(self.tokenizer)
+
+    def describe(self) -> dict:
+        return {"model_source": self.source, "quant": self.quant, "device": self.device, "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class CanvasState:
+    """The honesty readout of a run. `committed_fraction` reads the last step of the last block."""
+
+    text: str
+    raw_ids: tuple[int, ...]       # every generated id, thought channel included
+    answer_ids: tuple[int, ...]    # ids of `text`: outside the channel, before the first EOS
+    thought: str | None
+    turn_closed: bool              # the model emitted EOS (not: the canvas ran out)
+    answer_tokens: int
+    stray_thought_delimiter: bool
+    converged: bool                # every block stopped adaptively or accepted its whole canvas
+    committed_fraction: float
+    steps_used: int                # steps executed, all blocks together
+    blocks: int
+
+    @property
+    def finished_honestly(self) -> bool:
+        """The turn closed with a non-empty answer."""
+        return self.turn_closed and self.answer_tokens > 0
+
+    def asdict(self) -> dict:
+        return {**asdict(self), "finished_honestly": self.finished_honestly}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a run was asked to do and on which model: enough to repeat it."""
+
+    prompt: str
+    knobs: Knobs
+    model_source: str
+    quant: str
+    device: str
+    dtype: str
+    context: dict | None = field(default=None)  # provenance summary of an injected KV cache
+
+    def asdict(self) -> dict:
+        return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
+                "quant": self.quant, "device": self.device, "dtype": self.dtype,
+                "context": self.context}

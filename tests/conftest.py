@@ -1,0 +1,60 @@
+"""Shared fixtures: the pack imported as ComfyUI imports it, and tiny real checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+_spec = importlib.util.spec_from_file_location("headless", REPO / "headless.py")
+_headless = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_headless)
+pack = _headless.load_pack()
+
+from diffusiongemma.dgemma import load_model, tiny  # noqa: E402
+
+
+def _cache_root() -> Path:
+    import transformers
+
+    sources = b"".join((REPO / "dgemma" / f).read_bytes() for f in ("tiny.py", "tiny_tokenizer.py"))
+    key = hashlib.sha256(sources + transformers.__version__.encode()).hexdigest()[:12]
+    base = Path(os.environ.get("DGEMMA_TEST_CACHE", Path.home() / ".cache" / "dgemma-tests"))
+    return base / key
+
+
+def checkpoint(preset: str) -> Path:
+    """A tiny checkpoint built once per machine and source version."""
+    out = _cache_root() / preset
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        tiny.build_checkpoint(tmp, preset)
+        tmp.rename(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    return checkpoint("random")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    return load_model(str(tiny_dir))
+
+
+@pytest.fixture(scope="session")
+def demo_model():
+    from diffusiongemma.dgemma.demo import DEMO_DIR
+
+    return load_model(str(DEMO_DIR))
+
+
+@pytest.fixture(scope="session")
+def realvocab_model():
+    return load_model(str(checkpoint("real-vocab")))
