@@ -1,0 +1,366 @@
+// Real-browser test of the live canvas view (web/canvas_view.js) and its ComfyUI glue
+// (web/live_view.js, against stand-ins for ComfyUI's app/api modules).
+//
+//   cd tests/browser && npm install && node live_view.test.mjs
+//
+// Needs Debian's chromium (/usr/bin/chromium, or $CHROMIUM) and playwright-core from
+// tests/browser/node_modules. Replays events.json, a stream recorded from the real engine by
+// record_events.py. Screenshots go to $DGEMMA_SHOT_DIR or a fresh temp dir (printed).
+// Exit codes: 0 all passed, 1 a check failed, 2 the browser or page failed, 3 a dependency is
+// missing.
+
+import fs from "node:fs";
+import http from "node:http";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const REPO = path.resolve(HERE, "..", "..");
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+
+function missing(what, how) {
+  console.error(`MISSING ${what}: ${how}`);
+  process.exit(3);
+}
+
+if (!fs.existsSync(CHROMIUM)) {
+  missing(`chromium at ${CHROMIUM}`, "install it with `apt-get install -y chromium` (or set $CHROMIUM), "
+    + "or run .ci/browser.sh");
+}
+let chromium;
+try {
+  ({ chromium } = await import("playwright-core"));
+} catch (err) {
+  missing("playwright-core", `run \`npm install\` in ${HERE} (or .ci/browser.sh); ${err.message}`);
+}
+
+// ---------------------------------------------------------------- fixture
+
+const recorded = JSON.parse(fs.readFileSync(path.join(HERE, "events.json"), "utf8"));
+const EVENTS = recorded.events;
+const START = EVENTS.find((e) => e.type === "dgemma.start").data;
+const STEPS = EVENTS.filter((e) => e.type === "dgemma.step").map((e) => e.data);
+const DONE = EVENTS.find((e) => e.type === "dgemma.done").data;
+const L = START.canvas_length;
+const join = (tokens) => tokens.join("");
+
+/** The text a view must show after `steps`: each finished block's last tokens, then the last step's. */
+function expectedText(steps) {
+  let text = "";
+  for (let i = 0; i < steps.length - 1; i++) {
+    if (steps[i + 1].block !== steps[i].block) text += join(steps[i].tokens);
+  }
+  return text + join(steps[steps.length - 1].tokens);
+}
+
+// ---------------------------------------------------------------- static server
+
+const TYPES = { ".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript",
+  ".json": "application/json", ".css": "text/css" };
+const ROUTES = [
+  ["/scripts/", path.join(HERE, "fake_comfy")], // what ../../scripts/app.js resolves to from /web/
+  ["/web/", path.join(REPO, "web")],
+  ["/tests/browser/", HERE],
+];
+
+const server = http.createServer((req, res) => {
+  const url = new URL(req.url, "http://127.0.0.1");
+  if (url.pathname === "/favicon.ico") {
+    res.writeHead(204).end();
+    return;
+  }
+  const route = ROUTES.find(([prefix]) => url.pathname.startsWith(prefix));
+  const file = route && path.resolve(route[1], "." + url.pathname.slice(route[0].length - 1));
+  if (!route || !file.startsWith(route[1] + path.sep) || !fs.existsSync(file) || !fs.statSync(file).isFile()) {
+    res.writeHead(404).end("not found");
+    return;
+  }
+  res.writeHead(200, { "content-type": TYPES[path.extname(file)] || "application/octet-stream",
+    "cache-control": "no-store" });
+  fs.createReadStream(file).pipe(res);
+});
+await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+const BASE = `http://127.0.0.1:${server.address().port}`;
+
+// ---------------------------------------------------------------- checks
+
+const shotDir = process.env.DGEMMA_SHOT_DIR || fs.mkdtempSync(path.join(os.tmpdir(), "dgemma-live-view-"));
+fs.mkdirSync(shotDir, { recursive: true });
+const profile = fs.mkdtempSync(path.join(os.tmpdir(), "dgemma-chromium-"));
+const results = [];
+let failed = 0;
+
+function assert(cond, message) {
+  if (!cond) throw new Error(message);
+}
+function assertEq(actual, expected, what) {
+  if (actual !== expected) {
+    const show = (v) => JSON.stringify(v)?.slice(0, 300);
+    throw new Error(`${what}: expected ${show(expected)}, got ${show(actual)}`);
+  }
+}
+
+async function check(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    results.push(`ok   ${name} (${Date.now() - t0} ms)`);
+  } catch (err) {
+    failed += 1;
+    results.push(`FAIL ${name}: ${err.message}`);
+  }
+  console.log(results[results.length - 1]);
+}
+
+const t0 = Date.now();
+let context;
+try {
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM, headless: true, args: FLAGS, viewport: { width: 780, height: 600 },
+  });
+} catch (err) {
+  console.error(`browser failed to start: ${err.message}`);
+  server.close();
+  process.exit(2);
+}
+
+const page = context.pages()[0] || await context.newPage();
+const pageErrors = [];
+const consoleErrors = [];
+const dialogs = [];
+page.on("pageerror", (err) => pageErrors.push(String(err)));
+page.on("console", (msg) => { if (msg.type() === "error") consoleErrors.push(msg.text()); });
+page.on("response", (r) => { if (r.status() >= 400) consoleErrors.push(`HTTP ${r.status()} ${r.url()}`); });
+page.on("dialog", (d) => { dialogs.push(d.message()); d.dismiss().catch(() => {}); });
+
+try {
+  await page.goto(`${BASE}/tests/browser/harness.html`);
+  await page.waitForFunction(() => window.__ready === true, null, { timeout: 10000 });
+
+  // Helpers in the page: feed events, wait for animation frames, read what is painted.
+  await page.evaluate(() => {
+    window.frames2 = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+    window.feed = (view, events) => {
+      for (const e of events) view[e.type.slice("dgemma.".length)](e.data);
+    };
+    window.painted = (view) => ({
+      text: view.textElement.textContent,
+      header: view.element.querySelector(".dg-header").textContent,
+      spans: view.element.querySelectorAll(".dg-canvas > span").length,
+      noise: view.element.querySelectorAll(".dg-canvas > .dg-noise").length,
+      fresh: view.element.querySelectorAll(".dg-canvas > .dg-new").length,
+      settled: view.element.querySelectorAll(".dg-canvas > .dg-settled").length,
+      nodes: view.element.getElementsByTagName("*").length,
+      stats: view.stats(),
+    });
+  });
+
+  await check("idle view shows a waiting header and no text", async () => {
+    const p = await page.evaluate(() => painted(view));
+    assertEq(p.text, "", "idle text");
+    assert(/waiting/.test(p.header), `idle header: ${p.header}`);
+  });
+
+  await check("(a) mid-run: block 2 follows block 1's final text", async () => {
+    const firstOfBlock1 = STEPS.findIndex((s) => s.block === 1);
+    assert(firstOfBlock1 > 0, "fixture has no second block");
+    const upto = STEPS.slice(0, firstOfBlock1 + 1);
+    const events = [{ type: "dgemma.start", data: START }, ...upto.map((d) => ({ type: "dgemma.step", data: d }))];
+    const p = await page.evaluate(async (events) => { feed(view, events); await frames2(); return painted(view); }, events);
+    assertEq(p.text, expectedText(upto), "painted text");
+    assertEq(p.spans, L, "span count");
+    await page.screenshot({ path: path.join(shotDir, "1-block2-step1.png") });
+  });
+
+  await check("(a) whole recorded run: text, state classes, header", async () => {
+    const p = await page.evaluate(async (events) => { feed(view, events); await frames2(); return painted(view); }, EVENTS);
+    const lastStep = STEPS[STEPS.length - 1];
+    assertEq(p.text, expectedText(STEPS), "painted text");
+    assertEq(p.spans, L, "span count");
+    const count = (c) => [...lastStep.state].filter((s) => s === c).length;
+    assertEq(p.noise, count("0"), "noise spans");
+    assertEq(p.fresh, count("1"), "newly accepted spans");
+    assertEq(p.settled, count("2"), "settled spans");
+    const want = `block ${lastStep.block + 1}/${START.blocks} · step ${lastStep.step + 1}/${START.steps}`;
+    assert(p.header.startsWith(want), `header ${JSON.stringify(p.header)} should start with ${want}`);
+    assert(p.header.includes(`committed ${Math.round(lastStep.committed * 100)}%`), `header committed: ${p.header}`);
+    assert(p.header.includes(`done, ${DONE.steps_used} steps`), `header done: ${p.header}`);
+    const style = await page.evaluate(() => ({
+      ws: getComputedStyle(view.textElement).whiteSpace,
+      noise: getComputedStyle(view.element.querySelector(".dg-noise")).color,
+      settled: getComputedStyle(view.element.querySelector(".dg-settled")).color,
+    }));
+    assertEq(style.ws, "pre-wrap", "white-space of the text");
+    assert(style.noise !== style.settled, "noise and settled text must look different");
+    await page.screenshot({ path: path.join(shotDir, "2-run-done.png") });
+  });
+
+  await check("(b) dgemma.start clears the view, and the next run shows only its own text", async () => {
+    const p = await page.evaluate(async (start) => { view.start(start); await frames2(); return painted(view); }, START);
+    assertEq(p.text, "", "text after start");
+    assertEq(p.spans, 0, "spans after start");
+    assert(/starting/.test(p.header), `header after start: ${p.header}`);
+    const q = await page.evaluate(async (step) => { view.step(step); await frames2(); return painted(view); }, STEPS[0]);
+    assertEq(q.text, join(STEPS[0].tokens), "text of the new run's first step");
+  });
+
+  await check("(c) markup in tokens is shown as literal text and never runs", async () => {
+    const evil = structuredClone(STEPS[STEPS.length - 1]);
+    const payloads = ["<script>alert(1)</script>", '<img src=x onerror="window.__pwned=1">',
+      "<b>bold</b>", "&amp;", "<svg onload=window.__pwned=2>"];
+    payloads.forEach((s, i) => { evil.tokens[i * 3] = s; evil.state = "1" + evil.state.slice(1); });
+    const p = await page.evaluate(async ({ start, evil }) => {
+      view.start(start); view.step(evil); await frames2();
+      await new Promise((r) => setTimeout(r, 300)); // time for an injected <img> to fail and fire
+      return { ...painted(view), pwned: window.__pwned,
+        elements: [...view.element.querySelectorAll("img,script,svg,b")].map((e) => e.tagName),
+        htmlHasTag: /<(img|script|svg|b)[\s>]/i.test(view.textElement.innerHTML) };
+    }, { start: START, evil });
+    assertEq(p.pwned, undefined, "window.__pwned");
+    assertEq(p.elements.length, 0, `elements created from tokens (${p.elements})`);
+    assertEq(p.htmlHasTag, false, "innerHTML contains a live tag");
+    assertEq(p.text, join(evil.tokens), "painted text");
+    for (const s of payloads) assert(p.text.includes(s), `literal ${s} missing`);
+    assertEq(dialogs.length, 0, `dialogs opened (${dialogs})`);
+    await page.screenshot({ path: path.join(shotDir, "3-markup-as-text.png") });
+  });
+
+  await check("newline tokens render as line breaks", async () => {
+    const tops = await page.evaluate(async () => {
+      const aux = createCanvasView(document.getElementById("aux"));
+      aux.step({ node: "x", block: 0, step: 0, blocks: 1, steps: 1, t: 1, T: 0.8, committed: 1,
+        tokens: ["first", "\n", "second", " same"], state: "2222" });
+      await frames2();
+      const spans = aux.element.querySelectorAll(".dg-canvas > span");
+      const r = [...spans].map((s) => s.getBoundingClientRect().top);
+      aux.destroy();
+      return r;
+    });
+    assert(tops[2] > tops[0] + 5, `"second" should be on the next line: tops ${tops}`);
+    assert(Math.abs(tops[3] - tops[2]) < 2, `" same" should stay on the line of "second": tops ${tops}`);
+  });
+
+  await check("(d) 500 steps over 5 blocks: bounded DOM, coalesced paints, right text", async () => {
+    const base = STEPS.slice(0, 12);
+    const blocks = 5, per = 100;
+    const many = [];
+    for (let b = 0; b < blocks; b++) {
+      for (let s = 0; s < per; s++) {
+        const src = base[(b * per + s) % base.length];
+        many.push({ ...src, block: b, step: s, blocks, steps: per,
+          tokens: src.tokens.map((t, i) => (i === 0 ? `[${b}.${s}]` : t)) });
+      }
+    }
+    const start = { ...START, blocks, steps: per };
+    const r = await page.evaluate(async ({ start, many }) => {
+      const docNodes0 = document.getElementsByTagName("*").length;
+      view.start(start);
+      const paints0 = view.stats().paints;
+      const nodeCounts = [];
+      const t0 = performance.now();
+      // Paced: 10 events per animation frame, as a fast run would arrive.
+      for (let i = 0; i < many.length; i += 10) {
+        for (const ev of many.slice(i, i + 10)) view.step(ev);
+        await new Promise((r) => requestAnimationFrame(r));
+        nodeCounts.push(view.element.getElementsByTagName("*").length);
+      }
+      await frames2();
+      const paced = performance.now() - t0;
+      const pacedPaints = view.stats().paints - paints0;
+      // Burst: all 500 again within one task; expect a paint or two, not 500.
+      view.start(start);
+      const p1 = view.stats().paints;
+      const t1 = performance.now();
+      for (const ev of many) view.step(ev);
+      const burstFeed = performance.now() - t1;
+      await frames2();
+      return { docNodes0, docNodes1: document.getElementsByTagName("*").length, nodeCounts,
+        paced, pacedPaints, burstPaints: view.stats().paints - p1, burstFeed, ...painted(view) };
+    }, { start, many });
+    assertEq(r.spans, L, "span count");
+    const maxNodes = Math.max(...r.nodeCounts), minNodes = Math.min(...r.nodeCounts);
+    assertEq(maxNodes, minNodes, `view element count varies over the run (${minNodes}..${maxNodes})`);
+    assert(maxNodes <= L + 8, `view holds ${maxNodes} elements for a ${L}-position canvas`);
+    assertEq(r.docNodes1, r.docNodes0, "document element count after 500 steps");
+    assert(r.pacedPaints <= r.nodeCounts.length + 2, `paced: ${r.pacedPaints} paints for ${r.nodeCounts.length} frames`);
+    assert(r.burstPaints <= 2, `burst: ${r.burstPaints} paints for 500 events`);
+    assertEq(r.text, expectedText(many), "painted text after 500 steps");
+    assert(r.header.startsWith(`block ${blocks}/${blocks} · step ${per}/${per}`), `header: ${r.header}`);
+    assert(r.paced < 15000, `500 paced steps took ${r.paced.toFixed(0)} ms`);
+    console.log(`     500 steps: paced ${r.paced.toFixed(0)} ms in ${r.pacedPaints} paints, `
+      + `burst feed ${r.burstFeed.toFixed(1)} ms in ${r.burstPaints} paint(s), ${maxNodes} elements`);
+    await page.screenshot({ path: path.join(shotDir, "4-after-500-steps.png") });
+  });
+
+  await check("glue: live_view.js adds one view per DGemma node and routes events by node id", async () => {
+    const r = await page.evaluate(async ({ start, step, done }) => {
+      const { app, FakeNode } = await import("/scripts/app.js");
+      const { api } = await import("/scripts/api.js");
+      await import("/web/live_view.js");
+      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
+      if (!ext) return { error: "extension not registered" };
+      ext.setup?.(app);
+      const host = document.createElement("div");
+      host.style.cssText = "width:720px;height:160px";
+      document.body.appendChild(host);
+      const make = (cls, id, graph) => {
+        const n = new FakeNode(cls, id, host);
+        ext.nodeCreated(n, app); // node.id is still -1 here, as in ComfyUI
+        n.id = id;
+        graph.add(n);
+        return n;
+      };
+      const a = make("DGemmaSampler", 7, app.rootGraph);
+      const b = make("DGemmaDenoise", 8, app.rootGraph);
+      const other = make("KSampler", 9, app.rootGraph);
+      const sub = make("Subgraph", 12, app.rootGraph);
+      sub.subgraph = new app.rootGraph.constructor();
+      const inner = make("DGemmaSampler", 7, sub.subgraph);
+      const send = (type, detail) => api.dispatchEvent(new CustomEvent(type, { detail }));
+      send("dgemma.start", { ...start, node: "7" });
+      send("dgemma.step", { ...step, node: "7" });
+      send("dgemma.done", { ...done, node: "7" });
+      send("dgemma.start", { ...start, node: "12:7" });
+      send("dgemma.step", { ...step, node: "12:7", tokens: step.tokens.map(() => "z") });
+      send("dgemma.step", { ...step, node: "99" }); // unknown node: ignored
+      await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+      const text = (n) => n.widgets[0]?.element.querySelector(".dg-body")?.textContent;
+      return {
+        widgets: [a, b, other, inner].map((n) => n.widgets.length),
+        serialize: a.widgets[0].serialize, optSerialize: a.widgets[0].options.serialize,
+        minHeight: a.widgets[0].options.getMinHeight?.(),
+        a: text(a), b: text(b), inner: text(inner),
+        header: a.widgets[0].element.querySelector(".dg-header").textContent,
+      };
+    }, { start: START, step: STEPS[3], done: DONE });
+    assert(!r.error, r.error);
+    assertEq(JSON.stringify(r.widgets), "[1,1,0,1]", "widgets per node (sampler, denoise, KSampler, inner)");
+    assertEq(r.serialize, false, "widget.serialize");
+    assertEq(r.optSerialize, false, "widget options.serialize");
+    assert(r.minHeight >= 100, `min height ${r.minHeight}`);
+    assertEq(r.a, join(STEPS[3].tokens), "node 7 text");
+    assertEq(r.b, "", "node 8 text (no events for it)");
+    assertEq(r.inner, "z".repeat(L), "subgraph node 12:7 text");
+    assert(r.header.includes("done"), `node 7 header: ${r.header}`);
+  });
+
+  await check("no page errors or console errors", async () => {
+    assertEq(pageErrors.length, 0, `page errors: ${pageErrors.join(" | ")}`);
+    assertEq(consoleErrors.length, 0, `console errors: ${consoleErrors.join(" | ")}`);
+  });
+} catch (err) {
+  console.error(`page failed: ${err.stack || err}`);
+  failed = failed || -1;
+} finally {
+  await context.close().catch(() => {});
+  server.close();
+  fs.rmSync(profile, { recursive: true, force: true });
+}
+
+console.log(`screenshots: ${shotDir}`);
+console.log(`${results.filter((r) => r.startsWith("ok")).length} passed, ${failed > 0 ? failed : 0} failed `
+  + `in ${((Date.now() - t0) / 1000).toFixed(1)} s (${STEPS.length} recorded steps, canvas ${L}, fixture ${recorded.source})`);
+process.exit(failed === -1 ? 2 : failed ? 1 : 0);

@@ -1,0 +1,210 @@
+// The live canvas of a DiffusionGemma run: framework-free, no ComfyUI imports.
+//
+//   const view = createCanvasView(container);
+//   view.start(ev); view.step(ev); view.done(ev);   // payloads of nodes/events.py
+//
+// It paints inside its own element: a header line (block · step · T · committed), the final
+// text of the blocks already finished, then the current canvas with one span per position,
+// styled by its state ("0" noise, "1" newly accepted, "2" settled). Model text only ever goes in
+// as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
+// animation frame, so hundreds of steps cost no more DOM than one.
+
+const STYLE_ID = "dgemma-live-view-style";
+const STATE_CLASS = { "0": "dg-noise", "1": "dg-new", "2": "dg-settled" };
+
+const CSS = `
+.dgemma-view { box-sizing: border-box; display: flex; flex-direction: column; width: 100%;
+  height: 100%; min-height: 0; background: #14161a; color: #e6e6e6; border-radius: 4px;
+  font: 12px/1.35 ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; overflow: hidden; }
+.dgemma-view .dg-header { flex: none; padding: 3px 6px; color: #9aa4b2; background: #1d2026;
+  white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.dgemma-view .dg-body { flex: 1 1 auto; min-height: 0; overflow: auto; padding: 4px 6px;
+  white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-all; }
+.dgemma-view .dg-prev { color: #c9ced6; }
+.dgemma-view .dg-noise { color: #5a616c; }
+.dgemma-view .dg-settled { color: #f2f2f2; }
+.dgemma-view .dg-new { color: #fff4c2; background: rgba(255, 190, 0, 0.32); border-radius: 2px; }
+.dgemma-view.dg-idle .dg-header { color: #6b7480; }
+.dgemma-view.dg-finished .dg-header { color: #8fd19e; }
+`;
+
+function ensureStyle(doc) {
+  if (doc.getElementById(STYLE_ID)) return;
+  const style = doc.createElement("style");
+  style.id = STYLE_ID;
+  style.textContent = CSS;
+  (doc.head || doc.documentElement).appendChild(style);
+}
+
+const schedule = typeof requestAnimationFrame === "function"
+  ? (fn) => requestAnimationFrame(fn)
+  : (fn) => setTimeout(fn, 16);
+const unschedule = typeof cancelAnimationFrame === "function"
+  ? (h) => cancelAnimationFrame(h)
+  : (h) => clearTimeout(h);
+
+function num(x, digits) {
+  return typeof x === "number" && isFinite(x) ? x.toFixed(digits) : "?";
+}
+
+function joinTokens(tokens) {
+  return Array.isArray(tokens) ? tokens.map((t) => String(t ?? "")).join("") : "";
+}
+
+export function createCanvasView(container, { idleText = "DiffusionGemma · waiting for a run" } = {}) {
+  const doc = container.ownerDocument || document;
+  ensureStyle(doc);
+
+  const root = doc.createElement("div");
+  root.className = "dgemma-view dg-idle";
+  const header = doc.createElement("div");
+  header.className = "dg-header";
+  const body = doc.createElement("div");
+  body.className = "dg-body";
+  const prev = doc.createElement("span");
+  prev.className = "dg-prev";
+  const prevText = doc.createTextNode("");
+  prev.appendChild(prevText);
+  const canvas = doc.createElement("span");
+  canvas.className = "dg-canvas";
+  body.append(prev, canvas);
+  root.append(header, body);
+  container.appendChild(root);
+
+  // What the latest events say; paint() brings the DOM up to date with it.
+  let run = null;        // {blocks, steps, canvasLength}
+  let finished = [];     // final text of each finished block, in order
+  let last = null;       // latest step event of the current block
+  let doneEv = null;
+  let headerText = "";
+  let pending = 0;
+  let handle = null;
+  const spans = [];      // one per canvas position, reused across steps and blocks
+  const shownTok = [];
+  const shownState = [];
+  let shownPrev = "";
+  const stats = { events: 0, paints: 0 };
+
+  function requestPaint() {
+    pending += 1;
+    if (handle === null) handle = schedule(() => { handle = null; paint(); });
+  }
+
+  function setHeader(text) {
+    if (text !== headerText) { header.textContent = text; headerText = text; }
+  }
+
+  function paintHeader() {
+    if (!run && !last) {
+      setHeader(idleText);
+      return;
+    }
+    const blocks = last?.blocks ?? run?.blocks;
+    const steps = last?.steps ?? run?.steps;
+    if (!last) {
+      setHeader(`block 1/${blocks ?? "?"} · starting · canvas ${run?.canvasLength ?? "?"}`);
+      return;
+    }
+    let text = `block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`
+      + ` · T=${num(last.T, 3)} · committed ${num((last.committed ?? 0) * 100, 0)}%`;
+    if (doneEv) text += ` · done, ${doneEv.steps_used ?? "?"} steps`;
+    setHeader(text);
+  }
+
+  function paintCanvas() {
+    const tokens = last ? last.tokens || [] : [];
+    const state = last ? String(last.state || "") : "";
+    const n = tokens.length;
+    while (spans.length < n) {
+      const span = doc.createElement("span");
+      span.appendChild(doc.createTextNode(""));
+      canvas.appendChild(span);
+      spans.push(span);
+      shownTok.push("");
+      shownState.push("");
+    }
+    while (spans.length > n) {
+      spans.pop().remove();
+      shownTok.pop();
+      shownState.pop();
+    }
+    for (let i = 0; i < n; i++) {
+      const tok = String(tokens[i] ?? "");
+      if (tok !== shownTok[i]) { spans[i].firstChild.data = tok; shownTok[i] = tok; }
+      const cls = STATE_CLASS[state[i]] || "dg-noise";
+      if (cls !== shownState[i]) { spans[i].className = cls; shownState[i] = cls; }
+    }
+  }
+
+  function paint() {
+    if (handle !== null) { unschedule(handle); handle = null; }
+    pending = 0;
+    stats.paints += 1;
+    const stick = body.scrollTop + body.clientHeight >= body.scrollHeight - 8;
+    root.classList.toggle("dg-idle", !run && !last);
+    root.classList.toggle("dg-finished", !!doneEv);
+    const prevJoined = finished.join("");
+    if (prevJoined !== shownPrev) { prevText.data = prevJoined; shownPrev = prevJoined; }
+    paintCanvas();
+    paintHeader();
+    if (stick) body.scrollTop = body.scrollHeight;
+  }
+
+  const view = {
+    element: root,
+    /** The element holding the painted text (previous blocks, then the current canvas). */
+    textElement: body,
+
+    reset() {
+      run = null; finished = []; last = null; doneEv = null;
+      requestPaint();
+    },
+
+    start(ev) {
+      stats.events += 1;
+      view.reset();
+      run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
+    },
+
+    step(ev) {
+      if (!ev || !Array.isArray(ev.tokens)) return;
+      stats.events += 1;
+      const block = Number(ev.block) || 0;
+      if (doneEv || (last && block < last.block)) {
+        // A step of a new run that came without its start: begin afresh.
+        finished = []; last = null; doneEv = null;
+      }
+      if (last && block > last.block) finished.push(joinTokens(last.tokens));
+      last = { ...ev, block, step: Number(ev.step) || 0 };
+      requestPaint();
+    },
+
+    done(ev) {
+      stats.events += 1;
+      doneEv = ev || {};
+      requestPaint();
+    },
+
+    /** Paint now instead of at the next animation frame (tests, or before a screenshot). */
+    flush() {
+      if (pending || handle !== null) paint();
+    },
+
+    /** The text the view shows once painted: previous blocks' text, then the current canvas. */
+    text() {
+      return finished.join("") + (last ? joinTokens(last.tokens) : "");
+    },
+
+    stats() {
+      return { ...stats, spans: spans.length, pending };
+    },
+
+    destroy() {
+      if (handle !== null) { unschedule(handle); handle = null; }
+      root.remove();
+    },
+  };
+
+  paint();
+  return view;
+}

@@ -1,0 +1,64 @@
+// ComfyUI glue for the live canvas: one view per DGemmaSampler / DGemmaDenoise node, fed by the
+// dgemma.start / dgemma.step / dgemma.done websocket events (see nodes/events.py).
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { createCanvasView } from "./canvas_view.js";
+
+const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise"]);
+const WIDGET = "dgemma_live_view";
+const views = new WeakMap(); // LGraphNode -> canvas view
+
+// Events name the node by its execution id: "7", or "12:7" for a node inside subgraph node 12.
+// Look it up when the event arrives: node.id is still -1 when nodeCreated runs.
+function findNode(id) {
+  let graph = app.rootGraph ?? app.graph;
+  const parts = String(id).split(":");
+  for (let i = 0; graph && i < parts.length; i++) {
+    const node = graph.getNodeById?.(parts[i]) ?? graph.getNodeById?.(Number(parts[i]));
+    if (i === parts.length - 1) return node ?? null;
+    graph = node?.subgraph;
+  }
+  return null;
+}
+
+function route(method) {
+  return (e) => {
+    const ev = e?.detail;
+    if (!ev || ev.node == null) return;
+    const node = findNode(ev.node);
+    const view = node && views.get(node);
+    if (view) view[method](ev);
+  };
+}
+
+app.registerExtension({
+  name: "DiffusionGemma.LiveView",
+
+  setup() {
+    api.addEventListener("dgemma.start", route("start"));
+    api.addEventListener("dgemma.step", route("step"));
+    api.addEventListener("dgemma.done", route("done"));
+  },
+
+  nodeCreated(node) {
+    if (!NODE_CLASSES.has(node.comfyClass) || views.has(node)) return;
+    const box = document.createElement("div");
+    box.style.cssText = "width:100%;height:100%;min-height:0;overflow:hidden;";
+    const view = createCanvasView(box);
+    views.set(node, view);
+    const widget = node.addDOMWidget(WIDGET, "dgemma_live_view", box, {
+      serialize: false,
+      hideOnZoom: false,
+      getMinHeight: () => 140,
+    });
+    widget.serialize = false; // never part of widgets_values: the Python node has no such input
+    const onRemoved = node.onRemoved;
+    node.onRemoved = function () {
+      views.get(this)?.destroy();
+      views.delete(this);
+      return onRemoved?.apply(this, arguments);
+    };
+    const [w, h] = node.size;
+    node.setSize([Math.max(w, 420), Math.max(h, node.computeSize()[1])]);
+  },
+});
