@@ -14,7 +14,7 @@ const STATE_CLASS = { "0": "dg-noise", "1": "dg-new", "2": "dg-settled" };
 
 const CSS = `
 .dgemma-view { box-sizing: border-box; display: flex; flex-direction: column; width: 100%;
-  height: 100%; min-height: 0; background: #14161a; color: #e6e6e6; border-radius: 4px;
+  height: 100%; min-height: 0; flex: 1 1 auto; background: #14161a; color: #e6e6e6; border-radius: 4px;
   font: 12px/1.35 ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; overflow: hidden; }
 .dgemma-view .dg-header { flex: none; padding: 3px 6px; color: #9aa4b2; background: #1d2026;
   white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }

@@ -43,7 +43,9 @@ app.registerExtension({
   nodeCreated(node) {
     if (!NODE_CLASSES.has(node.comfyClass) || views.has(node)) return;
     const box = document.createElement("div");
-    box.style.cssText = "width:100%;height:100%;min-height:0;overflow:hidden;";
+    // A definite cap: in the Vue node renderer the widget grows with its content otherwise.
+    box.style.cssText = "display:flex;flex-direction:column;width:100%;height:100%;min-height:140px;"
+      + "max-height:480px;overflow:hidden;";
     const view = createCanvasView(box);
     views.set(node, view);
     const widget = node.addDOMWidget(WIDGET, "dgemma_live_view", box, {
