@@ -19,12 +19,14 @@ from .tokens import context_ids
 CHUNK = 1024  # tokens encoded per forward, so a long context stays interruptible
 
 
+GEOMETRY_KEYS = ("layer_types", "hidden_size", "sliding_window", "vocab_size", "head_dim", "num_key_value_heads",
+                 "global_head_dim", "num_global_key_value_heads", "per_layer_config")
+
+
 def geometry(model) -> dict:
-    tc = model.config.get_text_config(decoder=True)
-    return {"layer_types": tuple(tc.layer_types), "hidden_size": tc.hidden_size,
-            "num_key_value_heads": tc.num_key_value_heads, "head_dim": tc.head_dim,
-            "sliding_window": tc.sliding_window, "vocab_size": tc.vocab_size,
-            "canvas_length": model.config.canvas_length}
+    """What makes a cache fit a model: layer kinds and attention shapes, as the config states them."""
+    tc = model.config.get_text_config(decoder=True).to_dict()
+    return {**{k: tc.get(k) for k in GEOMETRY_KEYS}, "canvas_length": model.config.canvas_length}
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -26,6 +26,11 @@ def display_strings(tokenizer, vocab_size: int) -> tuple[str, ...]:
     return tuple(_display(p) for p in pieces)
 
 
+def frame_texts(trace, token_strings) -> list[str]:
+    """One raw string per step: the canvas joined from per-id strings, no decoding per frame."""
+    return ["".join(token_strings[i] for i in row) for row in trace.ids.tolist()]
+
+
 def _renderer(tokenizer, processor):
     # The real checkpoint's template may live on the processor; tiny ones keep it on the tokenizer.
     return processor if getattr(processor, "chat_template", None) else tokenizer

@@ -1,4 +1,28 @@
 """The ComfyUI nodes: thin classes over the engine in dgemma/."""
 
-NODE_CLASS_MAPPINGS = {}
-NODE_DISPLAY_NAME_MAPPINGS = {}
+from . import host
+from .encode import DGemmaEncode
+from .loader import DGemmaLoader
+from .runlog import DGemmaRunLogWriter
+from .sampler import DGemmaDenoise, DGemmaSampler
+from .trace import DGemmaTrace
+
+host.register_model_folder()
+
+NODE_CLASS_MAPPINGS = {
+    "DGemmaLoader": DGemmaLoader,
+    "DGemmaSampler": DGemmaSampler,
+    "DGemmaDenoise": DGemmaDenoise,
+    "DGemmaEncode": DGemmaEncode,
+    "DGemmaTrace": DGemmaTrace,
+    "DGemmaRunLogWriter": DGemmaRunLogWriter,
+}
+
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "DGemmaLoader": "DiffusionGemma Loader",
+    "DGemmaSampler": "DiffusionGemma Sampler",
+    "DGemmaDenoise": "DiffusionGemma Denoise (KV Cache)",
+    "DGemmaEncode": "DiffusionGemma Encode (KV Cache)",
+    "DGemmaTrace": "DiffusionGemma Trace",
+    "DGemmaRunLogWriter": "DiffusionGemma Run Log Writer",
+}

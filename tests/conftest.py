@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # test helpers (executor, fakecomfy) import by name
 
 _spec = importlib.util.spec_from_file_location("headless", REPO / "headless.py")
 _headless = importlib.util.module_from_spec(_spec)

@@ -3,11 +3,11 @@
 Task: "What is a+b?" (a, b in 0..9) -> the sum in words, e.g. "seven". With thinking on, the
 model first writes its thought channel: "<|channel>thought\\n3+4=7<channel|>seven".
 Objective: uniform-state corruption (each canvas token replaced by a uniform random token with
-probability t ~ U(0, 1)), cross-entropy on every canvas position, self-conditioning on half the
+probability t ~ U(0, 1)), cross-entropy on every canvas position (answer positions weighted up over the padding), self-conditioning on half the
 batches (logits / T with T ~ U(0.4, 0.8), as the scheduler shapes them). Deterministic given
 --seed and --steps.
 
-    python tools/train_demo.py --out dgemma/demo_model --steps 1900
+    python tools/train_demo.py --out dgemma/demo_model --steps 5000
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dgemma.tiny import build_model, save_checkpoint  # noqa: E402
 
+ANSWER_WEIGHT = 3.0
+MODES = ("plain", "thinking", "context")
+CONTEXT_QUESTION = "What is a+b?"
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen"]
 
@@ -37,14 +40,22 @@ def answer_text(a: int, b: int, thinking: bool) -> str:
     return f"<|channel>thought\n{a}+{b}={a + b}<channel|>{word}" if thinking else word
 
 
-def examples(tok, canvas_length: int, thinking: bool):
-    """All 100 (prompt ids, target canvas) pairs of one mode."""
+def context_text(a: int, b: int) -> str:
+    return f"a={a}, b={b}."
+
+
+def examples(tok, canvas_length: int, mode: str):
+    """All 100 (prompt ids, target canvas) pairs of one mode: plain, thinking or context."""
     pairs = []
+    thinking = mode == "thinking"
     for a in range(10):
         for b in range(10):
-            prompt = tok.apply_chat_template([{"role": "user", "content": question(a, b)}],
+            turn = CONTEXT_QUESTION if mode == "context" else question(a, b)
+            prompt = tok.apply_chat_template([{"role": "user", "content": turn}],
                                              add_generation_prompt=True, tokenize=True,
                                              return_dict=True, enable_thinking=thinking)["input_ids"]
+            if mode == "context":  # the context carries the sequence's only BOS
+                prompt = [tok.bos_token_id] + tok.encode(context_text(a, b), add_special_tokens=False) + prompt[1:]
             target = tok.encode(answer_text(a, b, thinking), add_special_tokens=False)
             target += [tok.convert_tokens_to_ids("<turn|>"), tok.eos_token_id]
             target += [tok.pad_token_id] * (canvas_length - len(target))
@@ -61,7 +72,7 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float) -> None:
     model.train()
     L = model.config.canvas_length
     vocab = model.config.get_text_config().vocab_size
-    data = {mode: examples(tok, L, mode) for mode in (False, True)}
+    data = {mode: examples(tok, L, mode) for mode in MODES}
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = 100
@@ -69,8 +80,7 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     start = time.time()
     for step in range(steps):
-        thinking = bool(step % 2)
-        prompts, targets = data[thinking]
+        prompts, targets = data[MODES[step % len(MODES)]]
         pick = torch.randint(0, prompts.shape[0], (batch,), generator=g)
         prompt, clean = prompts[pick], targets[pick]
         t = torch.rand(batch, 1, generator=g)
@@ -84,7 +94,10 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float) -> None:
                 logits = model(decoder_input_ids=noisy, past_key_values=cache).logits
             self_cond = logits / (0.4 + 0.4 * torch.rand(batch, 1, 1, generator=g))
         logits = model(decoder_input_ids=noisy, past_key_values=cache, self_conditioning_logits=self_cond).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), clean.reshape(-1))
+        # Pads fill most of the canvas and are easy; weight the answer's positions up.
+        weight = 1.0 + ANSWER_WEIGHT * (clean != tok.pad_token_id)
+        token_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), clean.reshape(-1), reduction="none")
+        loss = (token_loss * weight.reshape(-1)).sum() / weight.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -101,7 +114,7 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("dgemma/demo_model"))
-    parser.add_argument("--steps", type=int, default=1900)
+    parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)

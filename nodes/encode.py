@@ -1,0 +1,35 @@
+"""DGemmaEncode: raw context text into a DGEMMA_KV_CACHE (mint, or advance a wired cache)."""
+
+from __future__ import annotations
+
+from ..dgemma.context import encode_context
+from . import host
+from .schema import CATEGORY, KV_CACHE, model_input
+
+
+class DGemmaEncode:
+    CATEGORY = CATEGORY
+    FUNCTION = "encode"
+    RETURN_TYPES = (KV_CACHE,)
+    RETURN_NAMES = ("kv_cache",)
+    OUTPUT_TOOLTIPS = ("Encoded context with its provenance (the token ids that minted it); never modified "
+                       "by the nodes that use it.",)
+    DESCRIPTION = ("Encodes CONTEXT (a document, a prior turn, a constraint) into a KV cache for DGemmaDenoise, "
+                   "with no chat framing. Unwired kv_cache mints a new cache; wired, it returns a new cache that "
+                   "continues the given one with this text. Put the turn on Denoise's prompt.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": model_input(),
+                "text": ("STRING", {"multiline": True, "default": "", "tooltip":
+                         "Raw CONTEXT, not a prompt: encoded as is, no role markers or generation suffix. "
+                         "When minting it opens the sequence (with the only BOS)."}),
+            },
+            "optional": {"kv_cache": (KV_CACHE, {"tooltip": "A cache to continue with this text; it is not "
+                                                            "changed, a new one is returned."})},
+        }
+
+    def encode(self, model, text, kv_cache=None):
+        return (encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt),)

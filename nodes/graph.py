@@ -1,0 +1,134 @@
+"""API-format graphs checked against node schemas the way ComfyUI's validator checks them."""
+
+from __future__ import annotations
+
+ANY = "*"
+
+
+def is_link(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
+
+
+def input_specs(cls) -> tuple[dict, dict]:
+    spec = cls.INPUT_TYPES()
+    return spec.get("required", {}), spec.get("optional", {})
+
+
+def _types_match(out_type: str, in_type) -> bool:
+    if isinstance(in_type, list):  # a combo fed by a link takes whatever the upstream gives
+        return True
+    if ANY in (out_type, in_type):
+        return True
+    return bool(set(str(out_type).split(",")) & set(str(in_type).split(",")))
+
+
+def _check_constant(node_id: str, name: str, in_type, options: dict, value) -> str | None:
+    where = f"node {node_id} input {name!r}"
+    if isinstance(in_type, list):
+        return None if value in in_type else f"{where}: {value!r} is not one of {in_type}"
+    if in_type == "INT":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{where}: expected an integer, got {value!r}"
+    elif in_type == "FLOAT":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{where}: expected a number, got {value!r}"
+    elif in_type == "BOOLEAN":
+        return None if isinstance(value, bool) else f"{where}: expected true or false, got {value!r}"
+    elif in_type == "STRING":
+        return None if isinstance(value, str) else f"{where}: expected text, got {value!r}"
+    else:
+        return f"{where}: a {in_type} must be linked from another node, got the constant {value!r}"
+    if "min" in options and value < options["min"]:
+        return f"{where}: {value!r} is below the minimum {options['min']}"
+    if "max" in options and value > options["max"]:
+        return f"{where}: {value!r} is above the maximum {options['max']}"
+    return None
+
+
+def validate(graph, classes: dict) -> list[str]:
+    """Every problem ComfyUI would refuse the graph for, as readable lines (empty when valid)."""
+    if not isinstance(graph, dict):
+        return [f"a graph must be a JSON object of node ids, got {type(graph).__name__}"]
+    if "nodes" in graph and "links" in graph:
+        return ["this is a UI-format workflow; export it with Workflow > Export (API) and run that file"]
+    errors = []
+    for node_id, node in graph.items():
+        if not isinstance(node, dict) or "class_type" not in node:
+            errors.append(f"node {node_id}: needs class_type and inputs")
+            continue
+        cls = classes.get(node["class_type"])
+        if cls is None:
+            errors.append(f"node {node_id}: {node['class_type']!r} is not a node this runner knows "
+                          f"(it runs {', '.join(sorted(classes))}); run the graph in ComfyUI with --server")
+            continue
+        required, optional = input_specs(cls)
+        inputs = node.get("inputs", {})
+        for name in required:
+            if name not in inputs:
+                errors.append(f"node {node_id} ({node['class_type']}): required input {name!r} is missing")
+        for name, value in inputs.items():
+            declared = required.get(name) or optional.get(name)
+            if declared is None:
+                continue  # ComfyUI ignores inputs a node does not declare
+            in_type, options = declared[0], (declared[1] if len(declared) > 1 else {})
+            if is_link(value):
+                source = graph.get(value[0])
+                source_cls = classes.get(source.get("class_type")) if isinstance(source, dict) else None
+                if source is None:
+                    errors.append(f"node {node_id} input {name!r}: links to missing node {value[0]}")
+                elif source_cls is not None:
+                    outs = source_cls.RETURN_TYPES
+                    if not 0 <= value[1] < len(outs):
+                        errors.append(f"node {node_id} input {name!r}: node {value[0]} has no output {value[1]}")
+                    elif not _types_match(outs[value[1]], in_type):
+                        errors.append(f"node {node_id} input {name!r}: expects {in_type}, "
+                                      f"node {value[0]} output {value[1]} gives {outs[value[1]]}")
+            else:
+                problem = _check_constant(node_id, name, in_type, options, value)
+                if problem:
+                    errors.append(problem)
+    return errors
+
+
+def execution_order(graph, classes: dict) -> list[str]:
+    """Output nodes and their ancestors, each after the nodes it reads from."""
+    outputs = [n for n, node in graph.items() if getattr(classes[node["class_type"]], "OUTPUT_NODE", False)]
+    if not outputs:
+        raise ValueError("the graph has no output node (a preview, save or run log node); nothing would run")
+    order, state = [], {}
+
+    def visit(node_id):
+        if state.get(node_id) == "done":
+            return
+        if state.get(node_id) == "visiting":
+            raise ValueError(f"the graph has a cycle through node {node_id}")
+        state[node_id] = "visiting"
+        for value in graph[node_id].get("inputs", {}).values():
+            if is_link(value):
+                visit(value[0])
+        state[node_id] = "done"
+        order.append(node_id)
+
+    for node_id in outputs:
+        visit(node_id)
+    return order
+
+
+WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
+
+
+def is_widget(spec: tuple) -> bool:
+    kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
+    return (isinstance(kind, list) or kind in WIDGET_TYPES) and not options.get("forceInput")
+
+
+def widget_layout(cls) -> list[str | None]:
+    """Names behind a UI workflow's widgets_values, in order; None marks a seed's control value."""
+    required, optional = input_specs(cls)
+    names: list[str | None] = []
+    for name, spec in {**required, **optional}.items():
+        if is_widget(spec):
+            names.append(name)
+            if len(spec) > 1 and spec[1].get("control_after_generate"):
+                names.append(None)
+    return names

@@ -1,0 +1,106 @@
+"""The one bridge to ComfyUI: events, progress, interrupt, model and output folders.
+
+Every ComfyUI import is lazy and optional, so the pack runs (and is tested) without ComfyUI:
+events go nowhere, progress is silent, nothing interrupts, folders default to the working dir.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MODEL_FOLDER = "diffusiongemma"
+
+
+def _comfy(module: str):
+    try:
+        return __import__(module, fromlist=["_"])
+    except Exception:  # ComfyUI absent (or broken): degrade to no-ops
+        return None
+
+
+_listeners = []  # in-process consumers of events (the headless runner), beside the websocket
+
+
+def _server():
+    return getattr(getattr(_comfy("server"), "PromptServer", None), "instance", None)
+
+
+def listen(callback) -> None:
+    _listeners.append(callback)
+
+
+def live() -> bool:
+    """Whether events reach anyone, so payloads are built only when they are used."""
+    return bool(_listeners) or _server() is not None
+
+
+def send(event: str, data: dict) -> None:
+    """Send a websocket event to the client that queued the running prompt."""
+    instance = _server()
+    if instance is not None:
+        instance.send_sync(event, data, instance.client_id)
+    for callback in _listeners:
+        callback(event, data)
+
+
+class Progress:
+    """ComfyUI's progress bar for one node, advanced to absolute values."""
+
+    def __init__(self, total: int, node_id: str | None = None):
+        utils = _comfy("comfy.utils")
+        self._bar = utils.ProgressBar(total, node_id=node_id) if utils else None
+
+    def to(self, value: int) -> None:
+        if self._bar is not None:
+            self._bar.update_absolute(value)
+
+
+def check_interrupt() -> bool:
+    """Raise ComfyUI's own interrupt exception when the user pressed Cancel, so nothing partial is cached."""
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.throw_exception_if_processing_interrupted()
+    return False
+
+
+def register_model_folder() -> None:
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is not None:
+        folder_paths.add_model_folder_path(MODEL_FOLDER, os.path.join(folder_paths.models_dir, MODEL_FOLDER))
+
+
+def model_roots() -> list[Path]:
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is None:
+        return []
+    try:
+        return [Path(p) for p in folder_paths.get_folder_paths(MODEL_FOLDER)]
+    except KeyError:
+        return []
+
+
+def local_models() -> list[str]:
+    """Names of the checkpoint folders (holding config.json) directly under the model folders."""
+    names = set()
+    for root in model_roots():
+        if root.is_dir():
+            names.update(p.name for p in root.iterdir() if (p / "config.json").is_file())
+    return sorted(names)
+
+
+def resolve_local_model(name: str) -> Path | None:
+    """The folder for a listed name; a name is one path component, so it cannot escape the roots."""
+    if not name or name in (".", "..") or Path(name).name != name or "/" in name or "\\" in name:
+        raise ValueError(f"model folder name {name!r} must be a single folder name under models/{MODEL_FOLDER}")
+    for root in model_roots():
+        if (root / name / "config.json").is_file():
+            return root / name
+    return None
+
+
+def output_dir() -> Path:
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is not None:
+        return Path(folder_paths.get_output_directory())
+    return Path(os.environ.get("DGEMMA_OUTPUT_DIR", "output")).resolve()

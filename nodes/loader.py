@@ -1,0 +1,69 @@
+"""DGemmaLoader: a checkpoint (shipped demo, local folder or hub id) into a DGEMMA_MODEL."""
+
+from __future__ import annotations
+
+from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
+from ..dgemma.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, QUANTS, load_model
+from . import host
+from .schema import CATEGORY, MODEL
+
+HUB_IDS = (DEFAULT_HUB_ID, "Intel/diffusiongemma-26B-A4B-it-int4-AutoRound")
+
+
+def model_choices() -> list[str]:
+    """Real local checkpoints first, then the demo model, then the hub ids."""
+    choices = host.local_models()
+    if demo_available() and DEMO_NAME not in choices:
+        choices.append(DEMO_NAME)
+    return choices + [h for h in HUB_IDS if h not in choices]
+
+
+def resolve_choice(choice: str) -> str:
+    if choice in HUB_IDS:
+        return choice
+    if choice == DEMO_NAME and demo_available():
+        return str(DEMO_DIR)
+    folder = host.resolve_local_model(choice)
+    if folder is None:
+        raise ValueError(f"model {choice!r} is not a folder with config.json under models/{host.MODEL_FOLDER}; "
+                         f"put the checkpoint folder there or pick one of {model_choices()}")
+    return str(folder)
+
+
+class DGemmaLoader:
+    CATEGORY = CATEGORY
+    FUNCTION = "load"
+    RETURN_TYPES = (MODEL,)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("The loaded model; it lives only in this output, so freeing ComfyUI's node cache frees it.",)
+    DESCRIPTION = ("Loads DiffusionGemma through transformers (safetensors, no remote code): the real 26B model "
+                   "from a folder under models/diffusiongemma or the hub, or the tiny demo model shipped with the "
+                   "pack, which runs on any CPU.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        choices = model_choices()
+        return {
+            "required": {
+                "quant": (list(QUANTS), {"default": "none", "tooltip":
+                          "none: the checkpoint's own dtype (bf16, about 54 GB for the real model); "
+                          "autoround: a pre-quantized AutoRound INT4 checkpoint (about 30 GB, needs auto-round)."}),
+            },
+            "optional": {
+                "model": (choices, {"default": choices[0], "tooltip":
+                          "Checkpoint: a folder under models/diffusiongemma, the shipped demo model, or a hub id "
+                          "(downloaded on first use)."}),
+                "device": (list(DEVICES), {"default": "auto", "tooltip":
+                           "auto: the GPU when there is one, offloading to CPU RAM when VRAM is short; "
+                           "cuda: all on the GPU; cpu: all on the CPU."}),
+                "dtype": (list(DTYPES), {"default": "auto", "tooltip":
+                          "Weight dtype; auto keeps the checkpoint's own (bfloat16 for the real model)."}),
+                "local_files_only": ("BOOLEAN", {"default": False, "tooltip":
+                                     "Never contact the hub: load a hub id only from the local HF cache."}),
+            },
+        }
+
+    def load(self, quant, model=None, device="auto", dtype="auto", local_files_only=False):
+        source = resolve_choice(model or model_choices()[0])
+        host.check_interrupt()
+        return (load_model(source, quant=quant, dtype=dtype, device=device, local_files_only=local_files_only),)

@@ -1,0 +1,136 @@
+"""Stand-ins for the core preview/save nodes (and Video Combine) when a graph runs headless.
+
+Their inputs mirror the real nodes', so a graph that validates here validates in ComfyUI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+
+import numpy as np
+from PIL import Image
+
+from ..dgemma.outfiles import save_new
+from . import host
+
+VIDEO_FORMATS = ["image/gif", "image/webp", "video/h264-mp4", "video/webm"]
+
+
+def _pil_frames(images) -> list[Image.Image]:
+    array = (np.clip(images.cpu().numpy(), 0.0, 1.0) * 255).round().astype(np.uint8)
+    return [Image.fromarray(frame) for frame in array]
+
+
+def _save_pngs(images, prefix: str) -> list[str]:
+    paths = []
+    for frame in _pil_frames(images):
+        paths.append(str(save_new(host.output_dir(), prefix, "_.png", lambda fh, f=frame: f.save(fh, "PNG"))))
+    return paths
+
+
+def describe(value) -> str:
+    """What PreviewAny shows: text as is, payloads as readable JSON."""
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "asdict"):
+        value = value.asdict()
+    elif dataclasses.is_dataclass(value):
+        return f"<{type(value).__name__}>"
+    try:
+        return json.dumps(value, indent=2, default=str)
+    except TypeError:
+        return repr(value)
+
+
+class PreviewAny:
+    OUTPUT_NODE = True
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"source": ("*", {})}}
+
+    def run(self, source=None):
+        return {"ui": {"text": [describe(source)]}}
+
+
+class SaveImage:
+    OUTPUT_NODE = True
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE", {}), "filename_prefix": ("STRING", {"default": "ComfyUI"})}}
+
+    def run(self, images, filename_prefix="ComfyUI"):
+        return {"ui": {"images": _save_pngs(images, filename_prefix)}}
+
+
+class PreviewImage(SaveImage):
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE", {})}}
+
+    def run(self, images):
+        return {"ui": {"images": _save_pngs(images, "preview/ComfyUI_temp")}}
+
+
+def _save_animation(images, prefix: str, fps: float, loop: int, fmt: str, pingpong: bool) -> str:
+    frames = _pil_frames(images)
+    if pingpong and len(frames) > 2:
+        frames = frames + frames[-2:0:-1]
+    kind = {"image/gif": ("GIF", ".gif"), "image/webp": ("WEBP", ".webp")}.get(fmt)
+    if kind is None:
+        raise ValueError(f"format {fmt!r} needs ffmpeg through VideoHelperSuite; headless runs write "
+                         "image/gif or image/webp (or run the graph in ComfyUI with --server)")
+
+    def write(fh):
+        buffer = io.BytesIO()
+        frames[0].save(buffer, kind[0], save_all=True, append_images=frames[1:],
+                       duration=max(1, round(1000 / fps)), loop=loop)
+        fh.write(buffer.getvalue())
+
+    return str(save_new(host.output_dir(), prefix, kind[1], write))
+
+
+class SaveAnimatedWEBP:
+    OUTPUT_NODE = True
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "images": ("IMAGE", {}), "filename_prefix": ("STRING", {"default": "ComfyUI"}),
+            "fps": ("FLOAT", {"default": 6.0, "min": 0.01, "max": 1000.0}),
+            "lossless": ("BOOLEAN", {"default": True}), "quality": ("INT", {"default": 80, "min": 0, "max": 100}),
+            "method": (["default", "fastest", "slowest"], {})}}
+
+    def run(self, images, filename_prefix, fps, lossless, quality, method):
+        return {"ui": {"images": [_save_animation(images, filename_prefix, fps, 0, "image/webp", False)]}}
+
+
+class VHS_VideoCombine:
+    OUTPUT_NODE = True
+    RETURN_TYPES = ("VHS_FILENAMES",)
+    FUNCTION = "run"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "images": ("IMAGE", {}), "frame_rate": ("FLOAT", {"default": 8, "min": 1}),
+            "loop_count": ("INT", {"default": 0, "min": 0, "max": 100}),
+            "filename_prefix": ("STRING", {"default": "AnimateDiff"}), "format": (VIDEO_FORMATS, {}),
+            "pingpong": ("BOOLEAN", {"default": False}), "save_output": ("BOOLEAN", {"default": True})}}
+
+    def run(self, images, frame_rate, loop_count, filename_prefix, format, pingpong=False, save_output=True):
+        prefix = filename_prefix if save_output else f"preview/{filename_prefix}"
+        path = _save_animation(images, prefix, frame_rate, loop_count, format, pingpong)
+        return {"ui": {"gifs": [path]}, "result": ((save_output, [path]),)}
+
+
+SINKS = {c.__name__: c for c in (PreviewAny, SaveImage, PreviewImage, SaveAnimatedWEBP, VHS_VideoCombine)}

@@ -1,0 +1,37 @@
+"""DGemmaTrace: a heatmap of a run (accepted mask or entropy, positions x steps) and a summary."""
+
+from __future__ import annotations
+
+import torch
+
+from .schema import CANVAS_TRACE, CATEGORY
+
+
+class DGemmaTrace:
+    CATEGORY = CATEGORY
+    FUNCTION = "render"
+    RETURN_TYPES = ("IMAGE", "STRING")
+    RETURN_NAMES = ("heatmap", "summary")
+    OUTPUT_TOOLTIPS = ("Rows are executed steps (blocks stacked, boundaries marked), columns canvas positions.",
+                       "Readable account of the run with the heatmap's legend and scale.")
+    DESCRIPTION = ("Reads a canvas_trace after the run: commit mode shows which positions the scheduler "
+                   "accepted at each step (the real accepted mask), entropy mode the entropy of the "
+                   "distribution it accepted from, on a fixed scale so runs compare.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "canvas_trace": (CANVAS_TRACE, {"tooltip": "The canvas_trace output of a sampler node."}),
+                "mode": (["commit", "entropy"], {"default": "commit", "tooltip":
+                         "commit: accepted (bright) vs renoised (dark) per step; entropy: nats of logits / T."}),
+                "cell_px": ("INT", {"default": 6, "min": 1, "max": 32, "step": 1, "tooltip":
+                            "Pixels per cell (positions x steps), nearest-neighbour."}),
+            },
+        }
+
+    def render(self, canvas_trace, mode="commit", cell_px=6):
+        from ..dgemma.heatmap import heatmap, summary
+
+        image = heatmap(canvas_trace, mode, cell_px)
+        return (torch.from_numpy(image), summary(canvas_trace, mode))

@@ -1,0 +1,127 @@
+"""Every example graph validates against the node schemas, and every API example runs headless."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from diffusiongemma.nodes.graph import input_specs, validate, widget_layout
+from diffusiongemma.nodes.headless import CLASSES, run_graph
+from diffusiongemma.nodes.loader import model_choices
+
+API = sorted((REPO / "examples" / "api").glob("*.json"))
+UI = sorted((REPO / "examples").glob("*.json"))
+FRONTEND_ONLY = {"Note", "MarkdownNote"}
+
+
+def test_there_are_examples_of_each_kind():
+    names = {p.stem for p in API}
+    assert {"ping", "knobs", "trace", "thinking", "runlog", "gif", "kv_cache", "demo_smoke"} <= names
+    assert len(UI) >= 3
+
+
+@pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
+def test_api_example_validates(path):
+    assert validate(json.loads(path.read_text()), CLASSES) == []
+
+
+def _check_widget(cls, name, value):
+    required, optional = input_specs(cls)
+    kind, *rest = {**required, **optional}[name]
+    options = rest[0] if rest else {}
+    if name == "model" and cls.__name__ == "DGemmaLoader":
+        kind = model_choices()
+    if isinstance(kind, list):
+        assert value in kind, (cls.__name__, name, value)
+    elif kind in ("INT", "FLOAT"):
+        assert options.get("min", value) <= value <= options.get("max", value), (cls.__name__, name, value)
+    elif kind == "BOOLEAN":
+        assert isinstance(value, bool)
+    else:
+        assert isinstance(value, str)
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_ui_example_validates(path):
+    workflow = json.loads(path.read_text())
+    nodes = {n["id"]: n for n in workflow["nodes"]}
+    for node in nodes.values():
+        if node["type"] in FRONTEND_ONLY:
+            continue
+        cls = CLASSES[node["type"]]
+        layout = widget_layout(cls)
+        assert len(node["widgets_values"]) == len(layout), node["type"]
+        for name, value in zip(layout, node["widgets_values"]):
+            if name is None:
+                assert value in ("fixed", "increment", "decrement", "randomize")
+            else:
+                _check_widget(cls, name, value)
+        required, _ = input_specs(cls)
+        socket_names = [i["name"] for i in node["inputs"]]
+        for name, spec in required.items():
+            if name not in layout:
+                assert name in socket_names and node["inputs"][socket_names.index(name)]["link"], (node["type"], name)
+    for link_id, origin, slot, target, target_slot, kind in workflow["links"]:
+        source, sink = CLASSES[nodes[origin]["type"]], nodes[target]
+        assert source.RETURN_TYPES[slot] == kind
+        declared = sink["inputs"][target_slot]
+        assert declared["link"] == link_id and declared["type"] in (kind, "*")
+        assert link_id in nodes[origin]["outputs"][slot]["links"]
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_ui_examples_are_generated_from_their_api_graphs(path):
+    sys.path.insert(0, str(REPO / "tools"))
+    import ui_workflow
+
+    api = json.loads((REPO / "examples" / "api" / f"{ui_workflow.SOURCES[path.stem]}.json").read_text())
+    assert json.loads(path.read_text()) == ui_workflow.to_ui(api, ui_workflow.NOTES[path.stem])
+
+
+@pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
+def test_api_example_runs_headless(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("DGEMMA_OUTPUT_DIR", str(tmp_path))
+    graph = json.loads(path.read_text())
+    uis = run_graph(graph)
+    outputs = {node: ui for node, ui in uis.items()}
+    assert outputs, "no output node ran"
+    texts = [t for ui in outputs.values() for t in ui.get("text", [])]
+    if path.stem not in ("ping",):
+        assert "seven" in texts or any("seven" in t for t in texts), texts[:3]
+    for ui in outputs.values():
+        for file in ui.get("images", []) + ui.get("gifs", []):
+            assert (tmp_path / file).is_file() and (tmp_path / file).stat().st_size > 0
+
+
+def test_main_command_runs_the_demo_smoke_graph(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "headless", "--out", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "text: seven" in done.stdout
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".gif", ".jsonl", ".png"]
+    assert "step 1/" in done.stderr
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda g: g["2"].update(class_type="NoSuchNode"), "is not a node this runner knows"),
+    (lambda g: g["2"]["inputs"].pop("seed"), "required input 'seed' is missing"),
+    (lambda g: g["2"]["inputs"].update(num_inference_steps=5000), "above the maximum 1024"),
+    (lambda g: g["1"]["inputs"].update(quant="gguf"), "'gguf' is not one of"),
+    (lambda g: g["3"]["inputs"].update(source=["2", 9]), "has no output 9"),
+    (lambda g: g["2"]["inputs"].update(model=["2", 0]), "expects DGEMMA_MODEL"),
+])
+def test_bad_graphs_are_refused_before_running(mutate, message):
+    graph = json.loads((REPO / "examples" / "api" / "ping.json").read_text())
+    mutate(graph)
+    errors = validate(graph, CLASSES)
+    assert any(message in e for e in errors), errors
+    with pytest.raises(ValueError, match="does not validate"):
+        run_graph(graph)
+
+
+def test_ui_format_is_refused_with_the_fix():
+    assert "Export (API)" in validate(json.loads(UI[0].read_text()), CLASSES)[0]

@@ -1,0 +1,144 @@
+"""Every node called as ComfyUI's executor calls it, against the real demo and tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import fakecomfy
+from executor import call
+from diffusiongemma import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, WEB_DIRECTORY
+from diffusiongemma.nodes import host
+from diffusiongemma.nodes.loader import model_choices
+from conftest import REPO
+
+Loader, Sampler, Denoise = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler", "DGemmaDenoise"))
+Encode, Trace, RunLog = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaEncode", "DGemmaTrace", "DGemmaRunLogWriter"))
+KNOBS = dict(seed=3, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.001, confidence=0.005,
+             gen_length=32, thinking=False)
+
+
+def test_registry_keeps_the_original_names_and_documents_every_socket():
+    assert set(NODE_CLASS_MAPPINGS) == {"DGemmaLoader", "DGemmaSampler", "DGemmaDenoise", "DGemmaEncode",
+                                        "DGemmaTrace", "DGemmaRunLogWriter"}
+    assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_CLASS_MAPPINGS)
+    assert (REPO / WEB_DIRECTORY / "live_view.js").is_file()
+    for name, cls in NODE_CLASS_MAPPINGS.items():
+        assert cls.CATEGORY == "DiffusionGemma" and cls.DESCRIPTION, name
+        assert len(cls.OUTPUT_TOOLTIPS) == len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES), name
+        spec = cls.INPUT_TYPES()
+        for group in ("required", "optional"):
+            for inp, (kind, *opts) in spec.get(group, {}).items():
+                assert opts and opts[0].get("tooltip"), f"{name}.{inp} has no tooltip"
+    assert Sampler.RETURN_TYPES == ("STRING", "DGEMMA_CANVAS_STATE", "DGEMMA_CANVAS_TRACE", "STRING", "IMAGE",
+                                    "DGEMMA_RUN_CONFIG")
+    assert Sampler.RETURN_NAMES == ("text", "canvas_state", "canvas_trace", "frames", "images", "run_config")
+    assert Denoise.RETURN_TYPES[:6] == Sampler.RETURN_TYPES
+    required = Sampler.INPUT_TYPES()["required"]
+    assert list(required) == ["model", "prompt", "seed", "num_inference_steps", "t_min", "t_max", "entropy_bound",
+                              "confidence", "gen_length", "thinking"]
+    assert required["seed"][1]["max"] == 2**64 - 1 and required["num_inference_steps"][1]["default"] == 48
+    assert list(Loader.INPUT_TYPES()["required"]) == ["quant"]
+
+
+@pytest.fixture(scope="module")
+def demo(demo_model):
+    return demo_model
+
+
+def test_loader_defaults_to_the_demo_model_without_real_weights():
+    assert model_choices()[0] == "diffusiongemma-demo"
+    (model,), _ = call(Loader, quant="none")
+    assert model.source.endswith("demo_model") and model.device == "cpu"
+    with pytest.raises(ValueError, match="single folder name"):
+        call(Loader, quant="none", model="../secrets")
+    with pytest.raises(ValueError, match="not a folder with config.json"):
+        call(Loader, quant="none", model="missing-folder")
+
+
+def test_loader_lists_checkpoint_folders_under_the_model_folder(tmp_path, tiny_dir):
+    with fakecomfy.installed(tmp_path) as comfy:
+        host.register_model_folder()
+        root = comfy.models_dir / "diffusiongemma"
+        (root / "real-26b").mkdir(parents=True)
+        (root / "real-26b" / "config.json").write_text("{}")
+        (root / "not-a-checkpoint").mkdir()
+        (root / "tiny").symlink_to(tiny_dir)
+        choices = Loader.INPUT_TYPES()["optional"]["model"][0]
+        assert choices[:3] == ["real-26b", "tiny", "diffusiongemma-demo"]
+        (model,), _ = call(Loader, quant="none", model="tiny")
+        assert model.source == str(root / "tiny")
+
+
+def test_sampler_outputs_match_their_declaration(demo):
+    (text, state, trace, frames, images, config), _ = call(Sampler, model=demo, prompt="What is 3+4?", **KNOBS)
+    assert text == "seven" and state.turn_closed and state.finished_honestly
+    assert len(frames) == len(trace) == images.shape[0] == state.steps_used > 1
+    assert frames[-1].startswith("seven<turn|><eos>")
+    assert config.knobs.seed == 3 and config.model_source == demo.source
+
+
+def test_denoise_without_a_cache_is_the_sampler(demo):
+    plain, _ = call(Sampler, model=demo, prompt="What is 4+4?", **KNOBS)
+    denoised, _ = call(Denoise, model=demo, prompt="What is 4+4?", **KNOBS)
+    assert denoised[0] == plain[0] and denoised[1] == plain[1]
+    assert (denoised[2].ids == plain[2].ids).all() and denoised[3] == plain[3]
+    assert denoised[6].length == len(plain[1].raw_ids) + len(demo_prompt_ids(demo, "What is 4+4?"))
+
+
+def demo_prompt_ids(dm, prompt):
+    from diffusiongemma.dgemma.tokens import prompt_ids
+
+    return prompt_ids(dm, prompt, thinking=False)
+
+
+def test_events_progress_and_payload_size(tmp_path, tiny_model):
+    with fakecomfy.installed(tmp_path) as comfy:
+        knobs = {**KNOBS, "confidence": 0.0, "num_inference_steps": 5, "gen_length": 256}
+        (text, state, *_), _ = call(Sampler, model=tiny_model, prompt="hello", **knobs)
+    kinds = [e for e, _, _ in comfy.events]
+    assert kinds[0] == "dgemma.start" and kinds[-1] == "dgemma.done"
+    steps = comfy.steps()
+    assert len(steps) == state.steps_used == 5 and all(sid == "client-1" for *_, sid in comfy.events)
+    assert all(d["node"] == "17" and len(d["tokens"]) == 256 == len(d["state"]) for d in steps)
+    assert max(len(json.dumps(d).encode()) for d in steps) <= 16 * 1024
+    assert [v for v, _ in comfy.progress] == [1, 2, 3, 4, 5, 5] and comfy.progress[0][1] == 5
+
+
+def test_interrupt_stops_within_a_step_and_the_rerun_is_whole(tmp_path, demo):
+    knobs = {**KNOBS, "confidence": 0.0, "num_inference_steps": 10}
+    full, _ = call(Sampler, model=demo, prompt="What is 2+2?", **knobs)
+    with fakecomfy.installed(tmp_path) as comfy:
+        comfy.interrupt_after_steps = 3
+        with pytest.raises(fakecomfy.InterruptProcessingException):
+            call(Sampler, model=demo, prompt="What is 2+2?", **knobs)
+        assert len(comfy.steps()) == 3
+        again, _ = call(Sampler, model=demo, prompt="What is 2+2?", **knobs)
+    assert again[1] == full[1] and len(again[3]) == 10
+
+
+def test_encode_and_denoise_compose(demo):
+    (cache,), _ = call(Encode, model=demo, text="Numbers are words.")
+    out, _ = call(Denoise, model=demo, prompt="What is 3+4?", kv_cache=cache, **KNOBS)
+    assert out[1].steps_used >= 1 and out[6].length > cache.length
+    assert out[5].context["length"] == cache.length
+    with pytest.raises(ValueError, match="text is empty"):
+        call(Encode, model=demo, text="  ")
+
+
+def test_trace_node_both_modes(demo):
+    (_, _, trace, *_), _ = call(Sampler, model=demo, prompt="What is 1+1?", **KNOBS)
+    for mode in ("commit", "entropy"):
+        (image, summary), _ = call(Trace, canvas_trace=trace, mode=mode, cell_px=2)
+        assert image.shape[0] == 1 and "EntropyBoundScheduler" in summary
+
+
+def test_run_log_writer_writes_into_the_output_folder(tmp_path, demo):
+    (_, state, trace, frames, _, config), _ = call(Sampler, model=demo, prompt="What is 5+1?", **KNOBS)
+    with fakecomfy.installed(tmp_path) as comfy:
+        (path,), ui = call(RunLog, canvas_trace=trace, run_config=config, frames=frames, canvas_state=state,
+                           filename_prefix="runs/dgemma")
+    assert ui == {"text": [path]} and path.startswith(str(comfy.output_dir / "runs" / "dgemma_00001"))
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    assert rows[0]["record_type"] == "header" and rows[-1]["text"] == "six"
