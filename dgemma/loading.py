@@ -7,23 +7,20 @@ from pathlib import Path
 
 import torch
 
+from . import preflight
 from .payloads import DGemmaModel
-
-QUANTS = ("none", "autoround")
+from .quant import QUANTS, after_load, check_quant, load_kwargs
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 DEFAULT_HUB_ID = "google/diffusiongemma-26B-A4B-it"
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str) -> None:
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but this torch sees no CUDA GPU; choose device 'cpu' or 'auto', "
                          "or install a CUDA build of torch")
-    return device
 
 
 def resolve_dtype(dtype: str):
@@ -49,7 +46,7 @@ def check_source(source: str) -> Path | None:
     return None
 
 
-def load_tokenizer(source, local_files_only: bool):
+def load_tokenizer(source, local_files_only: bool, vocab_size: int):
     """AutoProcessor first (the real checkpoint's needs torchvision), then AutoTokenizer."""
     from transformers import AutoProcessor, AutoTokenizer
 
@@ -65,6 +62,12 @@ def load_tokenizer(source, local_files_only: bool):
             raise ValueError(f"no tokenizer could be loaded from {str(source)!r} ({exc}); the checkpoint needs "
                              "tokenizer.json and tokenizer_config.json beside config.json") from exc
         processor = processor or tokenizer
+    renders = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
+    if len(tokenizer) < 0.9 * vocab_size or not renders:
+        # transformers can build a placeholder tokenizer from config.json alone; that is not this model's
+        raise ValueError(f"no tokenizer matching the model was found in {str(source)!r} ({len(tokenizer)} tokens "
+                         f"for a {vocab_size}-token model, chat template {'present' if renders else 'missing'}); "
+                         "the checkpoint needs tokenizer.json, tokenizer_config.json and its chat template")
     return tokenizer, processor
 
 
@@ -87,21 +90,35 @@ def _channel_ids(tokenizer) -> tuple[int, int] | None:
 
 def load_model(source: str, quant: str = "none", dtype: str = "auto", device: str = "auto",
                local_files_only: bool = False) -> DGemmaModel:
-    """Load weights (safetensors only, no remote code) and the tokenizer; checks run first."""
-    from transformers import DiffusionGemmaForBlockDiffusion
+    """Load weights (safetensors only, no remote code) and the tokenizer; every check runs first."""
+    from transformers import AutoConfig, DiffusionGemmaForBlockDiffusion
 
-    if quant not in QUANTS:
-        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
     folder = check_source(source)
-    target = resolve_device(device)
+    resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     where = str(folder) if folder else source
     local = local_files_only or folder is not None
-    tokenizer, processor = load_tokenizer(where, local)  # cheap, so its errors come before the weights
+    try:
+        config = AutoConfig.from_pretrained(where, local_files_only=local)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the config of {where!r} ({exc}); check the name, or download it first "
+                         "and set local_files_only") from exc
+    check_quant(quant, config, where)
+    if folder is not None:
+        stored, per_dtype = preflight.checkpoint_bytes(folder)
+    else:
+        stored, per_dtype = preflight.hub_bytes(where, local) or 0, {}
+    placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device)
+    vocab_size = config.get_text_config(decoder=True).vocab_size
+    tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(
-        where, dtype=torch_dtype, use_safetensors=True, local_files_only=local, use_kernels=False)
-    model.to(target).eval()
+        where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local, use_kernels=False,
+        device_map=placement.device_map, max_memory=placement.max_memory, **load_kwargs(quant))
+    if placement.device_map is None:
+        model.to(placement.device)
+    model.eval()
+    after_load(model, quant)
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,
-                       device=target, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),
+                       device=placement.device, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),
                        channel_ids=_channel_ids(tokenizer))

@@ -5,7 +5,7 @@ model first writes its thought channel: "<|channel>thought\\n3+4=7<channel|>seve
 Objective: uniform-state corruption (each canvas token replaced by a uniform random token with
 probability t ~ U(0, 1)), cross-entropy on every canvas position (answer positions weighted up over the padding), self-conditioning on half the
 batches (logits / T with T ~ U(0.4, 0.8), as the scheduler shapes them). Deterministic given
---seed and --steps.
+--seed, --steps and --threads.
 
     python tools/train_demo.py --out dgemma/demo_model --steps 5000
 """
@@ -118,8 +118,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it too)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     train(args.out, args.steps, args.seed, args.batch, args.lr)
 
 

@@ -1,0 +1,30 @@
+"""install.py reports, installs only what is missing, and pins ComfyUI's own packages."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("pack_install", REPO / "install.py")
+install = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(install)
+
+
+def test_satisfied_environment_installs_nothing():
+    done = subprocess.run([sys.executable, str(REPO / "install.py"), "--dry-run"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all requirements satisfied" in done.stdout and "ok        transformers" in done.stdout
+
+
+def test_missing_or_old_packages_are_installed_with_core_pins(monkeypatch, capsys):
+    monkeypatch.setattr(install, "read_requirements", lambda path: ["transformers>=99", "no-such-package-xyz>=1"])
+    assert install.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "install   transformers>=99 (found 5." in out and "(found nothing)" in out
+    command = [line for line in out.splitlines() if "running:" in line][0]
+    assert "--constraint" in command and command.endswith("transformers>=99 no-such-package-xyz>=1")
+    pins = open(command.split("--constraint ")[1].split()[0]).read()
+    assert "torch==" in pins and "numpy==" in pins
