@@ -31,7 +31,7 @@ def save_new(output_dir: Path, prefix: str, suffix: str, write: Callable[[Binary
     """Run `write` on a temporary file, then publish it as <prefix>_<counter><suffix>."""
     folder, name = target_folder(output_dir, prefix)
     folder.mkdir(parents=True, exist_ok=True)
-    pattern = re.compile(re.escape(name) + r"_(\d{5,})_?" + re.escape(suffix) + "$")
+    pattern = re.compile(re.escape(name) + r"_(\d{5,})" + re.escape(suffix) + "$")
     counter = 1 + max((int(m.group(1)) for p in folder.iterdir() if (m := pattern.match(p.name))), default=0)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}_", suffix=".tmp", dir=folder)
     try:

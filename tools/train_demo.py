@@ -22,13 +22,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dgemma.demo import WORDS  # noqa: E402
 from dgemma.tiny import build_model, save_checkpoint  # noqa: E402
 
 ANSWER_WEIGHT = 3.0
 MODES = ("plain", "thinking", "context")
 CONTEXT_QUESTION = "What is a+b?"
-WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen"]
 
 
 def question(a: int, b: int) -> str:

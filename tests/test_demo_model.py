@@ -1,0 +1,57 @@
+"""The shipped demo model, evaluated exhaustively on its task through the engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.context import encode_context
+from diffusiongemma.dgemma.demo import DEMO_KNOBS, WORDS
+
+PAIRS = [(a, b) for a in range(10) for b in range(10)]
+
+
+def knobs(**changes) -> Knobs:
+    return Knobs(**{**DEMO_KNOBS.asdict(), **changes})
+
+
+def test_plain_answers(demo_model):
+    right = sum(generate(demo_model, f"What is {a}+{b}?", knobs(seed=i)).text == WORDS[a + b]
+                for i, (a, b) in enumerate(PAIRS))
+    assert right >= 95, f"{right}/100 exact answers"
+
+
+def test_thinking_answers_with_the_thought_moved_out(demo_model):
+    right = 0
+    for i, (a, b) in enumerate(PAIRS):
+        result = generate(demo_model, f"What is {a}+{b}?", knobs(seed=i, thinking=True))
+        thought = result.state.thought or ""
+        right += result.text == WORDS[a + b] and thought.startswith(f"{a}+{b}=") and "+" not in result.text
+    assert right >= 95, f"{right}/100 answers with their thought in canvas_state.thought"
+
+
+def test_answers_from_a_kv_context(demo_model):
+    right = 0
+    for i, (a, b) in enumerate(PAIRS):
+        context = encode_context(demo_model, f"a={a}, b={b}.")
+        right += generate(demo_model, "What is a+b?", knobs(seed=i), context=context).text == WORDS[a + b]
+    assert right >= 95, f"{right}/100 answers read from the encoded context"
+
+
+def test_same_prompt_and_seed_same_answer_and_trace(demo_model):
+    one, two = (generate(demo_model, "What is 6+7?", knobs(seed=42)) for _ in range(2))
+    assert one.text == two.text == "thirteen" and one.state == two.state
+    assert np.array_equal(one.trace.ids, two.trace.ids) and np.array_equal(one.trace.accepted, two.trace.accepted)
+    assert np.array_equal(one.trace.entropy, two.trace.entropy)
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_the_annealing_is_visible_with_the_demo_knobs(demo_model, thinking):
+    """Several steps, starting from noise, ending on the answer."""
+    result = generate(demo_model, "What is 3+4?", knobs(thinking=thinking))
+    trace = result.trace
+    assert result.text == "seven" and result.state.steps_used >= 4
+    assert trace.accepted[0].mean() < 0.9 and trace.accepted[-1].all()
+    accepted_per_step = trace.accepted.sum(axis=1)
+    assert len(set(accepted_per_step.tolist())) >= 3  # the canvas fills in over several steps

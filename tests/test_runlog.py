@@ -1,0 +1,73 @@
+"""Run logs: the dg-runlog/1 schema, the counter, atomic writes, prefixes that stay inside."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.runlog import SCHEMA, records, write_jsonl
+from diffusiongemma.dgemma.tokens import frame_texts
+
+HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "prompt", "model_source", "seed",
+          "num_inference_steps_requested", "num_inference_steps_effective", "gen_length", "t_min", "t_max",
+          "entropy_bound", "confidence", "thinking", "scheduler_name", "scheduler_config", "quant", "device",
+          "dtype", "canvas_length", "injection_present", "injected_cache_provenance"}
+FRAME = {"record_type", "block", "step", "t", "temperature", "committed_fraction", "entropy_summary",
+         "decoded_text", "canvas_ids", "accepted"}
+FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed_fraction", "turn_closed",
+         "answer_tokens", "thought", "stray_thought_delimiter", "finished_honestly"}
+
+
+@pytest.fixture(scope="module")
+def run(demo_model):
+    result = generate(demo_model, "What is 2+3?", Knobs(seed=1, entropy_bound=0.001, thinking=True))
+    return result, frame_texts(result.trace, demo_model.token_strings)
+
+
+def test_schema_fields(run):
+    result, frames = run
+    rows = records(result.trace, result.config, result.state, frames)
+    header, body, final = rows[0], rows[1:-1], rows[-1]
+    assert set(header) == HEADER and header["schema"] == SCHEMA == "dg-runlog/1"
+    assert header["pack_version"] == "0.1.0" and header["injection_present"] is False
+    assert len(body) == len(result.trace) and all(set(r) == FRAME for r in body)
+    assert set(final) == FINAL and final["text"] == "five" and final["thought"].startswith("2+3=")
+    assert body[-1]["decoded_text"] == frames[-1] and body[-1]["canvas_ids"] == list(result.trace.ids[-1])
+    assert json.loads(json.dumps(rows)) == rows
+
+
+def test_counter_never_overwrites(run, tmp_path):
+    result, frames = run
+    rows = records(result.trace, result.config, result.state, frames)
+    paths = [write_jsonl(rows, tmp_path, "logs/run") for _ in range(3)]
+    assert [p.name for p in paths] == ["run_00001.jsonl", "run_00002.jsonl", "run_00003.jsonl"]
+    (tmp_path / "logs" / "run_00002.jsonl").unlink()
+    assert write_jsonl(rows, tmp_path, "logs/run").name == "run_00004.jsonl"
+    lines = (tmp_path / "logs" / "run_00001.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["record_type"] for line in (lines[0], lines[-1])] == ["header", "final"]
+
+
+def test_a_failure_midway_leaves_no_file(run, tmp_path):
+    result, frames = run
+    rows = records(result.trace, result.config, result.state, frames)
+    rows.insert(3, {"unserialisable": object()})
+    with pytest.raises(TypeError):
+        write_jsonl(rows, tmp_path, "run")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("prefix", ["../escape", "/tmp/abs", "a/../../b", "C:\\evil", "", "  "])
+def test_prefixes_that_leave_the_output_folder_are_refused(run, tmp_path, prefix):
+    result, frames = run
+    rows = records(result.trace, result.config, result.state, frames)
+    with pytest.raises(ValueError, match="filename_prefix"):
+        write_jsonl(rows, tmp_path / "out", prefix)
+    assert not (tmp_path / "out").exists()
+
+
+def test_frames_must_belong_to_the_trace(run):
+    result, frames = run
+    with pytest.raises(ValueError, match="wire frames and canvas_trace from the same sampler"):
+        records(result.trace, result.config, result.state, frames[:-1])
