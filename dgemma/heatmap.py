@@ -1,0 +1,124 @@
+"""DGemmaTrace's pictures and summary: positions x steps, from the captured trace itself.
+
+Rows are the executed steps of every block, top to bottom, with one separator row between
+blocks; columns are canvas positions. Commit mode reads the scheduler's accepted mask; entropy
+mode paints the captured entropy on one fixed scale, so heatmaps of different runs compare.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .images import HELD, NEW, NOISE, position_states
+
+MODES = ("commit", "entropy")
+CELL_PX_MAX = 32
+ENTROPY_CAP = math.log(262_144)  # nats: a uniform distribution over the real vocabulary
+
+REJECTED = (28, 30, 36)
+HELD_COLOUR = (235, 237, 240)
+NEW_COLOUR = (255, 176, 59)
+SEPARATOR = (230, 40, 160)
+# Dark blue through teal and green to yellow, sampled evenly along the entropy scale.
+RAMP = np.array([(13, 8, 135), (40, 60, 160), (33, 125, 160), (40, 170, 130), (120, 205, 75),
+                 (250, 230, 35)], np.float32)
+RAMP_NAMES = ("dark blue", "blue", "teal", "sea green", "green", "yellow")
+
+
+def check_inputs(mode, cell_px) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'commit' or 'entropy', got {mode!r}; pick one of those two")
+    if isinstance(cell_px, bool) or not isinstance(cell_px, int) or not 1 <= cell_px <= CELL_PX_MAX:
+        raise ValueError(f"cell_px must be a whole number of pixels from 1 to {CELL_PX_MAX}, got "
+                         f"{cell_px!r}; use e.g. 6 (each step x position cell becomes cell_px square)")
+
+
+def entropy_level(entropy: np.ndarray) -> np.ndarray:
+    """0..1 on the fixed scale: log(1 + H) / log(1 + ENTROPY_CAP), H in nats clipped to the cap.
+
+    The log spreads the low entropies the scheduler decides on (its bound is ~0.1 nats).
+    """
+    h = np.clip(np.nan_to_num(np.asarray(entropy, np.float32), nan=ENTROPY_CAP), 0.0, ENTROPY_CAP)
+    return np.log1p(h) / np.float32(math.log1p(ENTROPY_CAP))
+
+
+def anchor_nats(i: int) -> float:
+    """Entropy in nats at RAMP anchor i."""
+    return math.expm1(i / (len(RAMP) - 1) * math.log1p(ENTROPY_CAP))
+
+
+def ramp(level: np.ndarray) -> np.ndarray:
+    """(..., 3) uint8 colours for 0..1 levels, linear between the RAMP anchors."""
+    x = level * (len(RAMP) - 1)
+    lo = np.clip(np.floor(x).astype(np.int64), 0, len(RAMP) - 2)
+    frac = (x - lo)[..., None]
+    return np.rint(RAMP[lo] * (1 - frac) + RAMP[lo + 1] * frac).astype(np.uint8)
+
+
+def _commit_colours(trace) -> np.ndarray:
+    states = position_states(trace.accepted, trace.blocks)
+    palette = np.zeros((max(NOISE, HELD, NEW) + 1, 3), np.uint8)
+    palette[NOISE], palette[HELD], palette[NEW] = REJECTED, HELD_COLOUR, NEW_COLOUR
+    return palette[states]
+
+
+def grid(trace, mode: str) -> np.ndarray:
+    """(rows, L, 3) uint8 at one pixel per cell, separator rows included."""
+    colours = _commit_colours(trace) if mode == "commit" else ramp(entropy_level(trace.entropy))
+    L = trace.canvas_length
+    if not len(trace):
+        return np.full((1, L, 3), REJECTED, np.uint8)
+    starts = np.flatnonzero(np.diff(trace.blocks.astype(np.int64))) + 1
+    parts = np.split(colours, starts)
+    sep = np.full((1, L, 3), SEPARATOR, np.uint8)
+    rows = [parts[0]]
+    for part in parts[1:]:
+        rows += [sep, part]
+    return np.concatenate(rows)
+
+
+def heatmap(trace, mode: str = "commit", cell_px: int = 6) -> np.ndarray:
+    """ComfyUI IMAGE layout: float32 (1, H, W, 3) in 0..1, each cell cell_px square."""
+    check_inputs(mode, cell_px)
+    g = grid(trace, mode)
+    g = np.repeat(np.repeat(g, cell_px, axis=0), cell_px, axis=1)
+    return np.divide(g, np.float32(255.0), dtype=np.float32)[None]
+
+
+def _percent_lines(values, per_line: int = 24) -> list[str]:
+    cells = [f"{round(100 * v):3d}" for v in values]
+    return [" ".join(cells[i:i + per_line]) for i in range(0, len(cells), per_line)]
+
+
+def summary(trace, mode: str = "commit") -> str:
+    """Readable text: scheduler, blocks and their stops, committed % per step, legend, scale."""
+    check_inputs(mode, 1)
+    k = trace.knobs
+    config = " ".join(f"{name}={value}" for name, value in trace.scheduler_config.items())
+    lines = [f"DGemmaTrace {mode} heatmap: {len(trace)} steps in {trace.num_blocks} block(s), "
+             f"canvas {trace.canvas_length} positions",
+             f"scheduler: {trace.scheduler_name} {config}; confidence={k.confidence}"]
+    accepted = trace.accepted
+    stops = tuple(trace.block_stopped_early)
+    for b in range(trace.num_blocks):
+        rows = np.flatnonzero(trace.blocks == b)
+        early = b < len(stops) and stops[b]
+        stop = "stopped early (adaptive stop)" if early else "no early stop"
+        mean_h = float(trace.entropy[rows].astype(np.float32).mean())
+        lines.append(f"block {b + 1}: {len(rows)} of {k.num_inference_steps} steps, {stop}, "
+                     f"mean entropy {mean_h:.3f} nats, last step committed {100 * accepted[rows[-1]].mean():.1f}%")
+        lines.append("  committed % per step (block-local, accepted at that step):")
+        lines += ["    " + line for line in _percent_lines(accepted[rows].mean(axis=1))]
+    lines.append("layout: one row per executed step, top to bottom, all blocks stacked; a magenta row "
+                 "separates blocks; one column per canvas position, left to right")
+    if mode == "commit":
+        lines.append("colours: white = accepted at this step and the one before; amber = newly accepted "
+                     "at this step; near-black = rejected (renoised to a random token)")
+    else:
+        anchors = ", ".join(f"{name} {anchor_nats(i):.2f}" for i, name in enumerate(RAMP_NAMES))
+        lines.append(f"colours: entropy of the distribution the scheduler accepted from (logits / T) on a "
+                     f"fixed scale 0..{ENTROPY_CAP:.2f} nats (ln 262144), clipped above, log-spaced as "
+                     f"level = ln(1+H) / ln(1+{ENTROPY_CAP:.2f}); colour at H nats: {anchors}")
+    return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""DGemmaTrace maths: commit heatmap from the accepted mask, entropy on a fixed scale, summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diffusiongemma.dgemma import CanvasTrace, Knobs
+from diffusiongemma.dgemma import heatmap as hm
+
+
+def trace_of(accepted, entropy=None, blocks=None, stopped=(False, True)) -> CanvasTrace:
+    accepted = np.asarray(accepted, bool)
+    S, L = accepted.shape
+    blocks = np.array(blocks if blocks is not None else [0] * S, np.int16)
+    steps = np.concatenate([np.arange((blocks == b).sum()) for b in np.unique(blocks)]).astype(np.int16)
+    entropy = np.full((S, L), 1.0) if entropy is None else entropy
+    return CanvasTrace(knobs=Knobs(confidence=0.0), canvas_length=L, blocks=blocks, steps=steps,
+                       ids=np.zeros((S, L), np.int32), accepted_bits=np.packbits(accepted, axis=1),
+                       entropy=np.asarray(entropy, np.float16), block_stopped_early=stopped)
+
+
+MASK = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1],  # block 1
+        [0, 1, 0, 0], [1, 1, 0, 1]]                 # block 2
+BLOCKS = [0, 0, 0, 1, 1]
+
+
+def test_commit_heatmap_reads_the_accepted_mask_with_block_separator():
+    image = hm.heatmap(trace_of(MASK, blocks=BLOCKS), "commit", 3)
+    assert image.dtype == np.float32 and image.shape == (1, (5 + 1) * 3, 4 * 3, 3)
+    assert image.min() >= 0 and image.max() <= 1
+    cells = np.rint(image[0, ::3, ::3] * 255).astype(int)  # one pixel per cell
+    c = lambda colour: list(colour)
+    assert cells[0].tolist() == [c(hm.NEW_COLOUR)] + [c(hm.REJECTED)] * 3
+    assert cells[1].tolist() == [c(hm.HELD_COLOUR), c(hm.NEW_COLOUR)] + [c(hm.REJECTED)] * 2
+    assert cells[2].tolist() == [c(hm.HELD_COLOUR)] * 2 + [c(hm.NEW_COLOUR)] * 2
+    assert cells[3].tolist() == [c(hm.SEPARATOR)] * 4
+    # A new block starts fresh: what the previous block accepted does not count as held.
+    assert cells[4].tolist() == [c(hm.REJECTED), c(hm.NEW_COLOUR)] + [c(hm.REJECTED)] * 2
+    assert cells[5].tolist() == [c(hm.NEW_COLOUR), c(hm.HELD_COLOUR), c(hm.REJECTED), c(hm.NEW_COLOUR)]
+    # Nearest-neighbour upscale: every cell is a flat cell_px square.
+    assert (image[0, 3:6, 0:3] == image[0, 3, 0]).all()
+
+
+def test_entropy_scale_is_fixed_across_traces():
+    a = hm.heatmap(trace_of([[1, 0]], entropy=[[0.5, 0.01]]), "entropy", 1)
+    b = hm.heatmap(trace_of([[1, 0]], entropy=[[0.5, 9.0]]), "entropy", 1)
+    assert np.array_equal(a[0, 0, 0], b[0, 0, 0]) and not np.array_equal(a[0, 0, 1], b[0, 0, 1])
+    ends = hm.heatmap(trace_of([[1, 1, 1]], entropy=[[0.0, hm.ENTROPY_CAP, 40.0]]), "entropy", 1)[0, 0]
+    assert np.allclose(ends[0] * 255, hm.RAMP[0]) and np.allclose(ends[1] * 255, hm.RAMP[-1])
+    assert np.array_equal(ends[1], ends[2])  # clipped at the cap
+    assert hm.entropy_level(np.array([hm.anchor_nats(2)])) == pytest.approx(2 / (len(hm.RAMP) - 1))
+
+
+@pytest.mark.parametrize("mode, cell_px, words", [("heat", 6, ["mode", "'heat'", "commit", "entropy"]),
+                                                  ("commit", 0, ["cell_px", "0", "1 to 32"]),
+                                                  ("commit", 2.5, ["cell_px", "2.5"]),
+                                                  ("entropy", True, ["cell_px", "True"])])
+def test_bad_inputs_name_the_input_value_and_fix(mode, cell_px, words):
+    with pytest.raises(ValueError) as err:
+        hm.heatmap(trace_of(MASK, blocks=BLOCKS), mode, cell_px)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_summary_is_readable_and_states_legend_and_scale():
+    text = hm.summary(trace_of(MASK, blocks=BLOCKS), "entropy")
+    assert "EntropyBoundScheduler" in text and "entropy_bound=0.1" in text
+    assert "block 1: 3 of 48 steps, no early stop" in text and "block 2: 2 of 48 steps, stopped early" in text
+    assert " 25  50 100" in text and "mean entropy 1.000 nats" in text
+    assert "0..12.48 nats" in text and "magenta row separates blocks" in text
+    assert "amber = newly accepted" in hm.summary(trace_of(MASK, blocks=BLOCKS), "commit")
