@@ -9,7 +9,7 @@ import torch
 
 from . import preflight
 from .payloads import DGemmaModel
-from .quant import QUANTS, after_load, check_quant, load_kwargs
+from .quant import QUANTS, after_load, check_quant, load_kwargs, model_class
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 DEFAULT_HUB_ID = "google/diffusiongemma-26B-A4B-it"
@@ -91,7 +91,7 @@ def _channel_ids(tokenizer) -> tuple[int, int] | None:
 def load_model(source: str, quant: str = "none", dtype: str = "auto", device: str = "auto",
                local_files_only: bool = False) -> DGemmaModel:
     """Load weights (safetensors only, no remote code) and the tokenizer; every check runs first."""
-    from transformers import AutoConfig, DiffusionGemmaForBlockDiffusion
+    from transformers import AutoConfig
 
     folder = check_source(source)
     resolve_device(device)
@@ -111,7 +111,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(
+    model = model_class(quant).from_pretrained(
         where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local, use_kernels=False,
         device_map=placement.device_map, max_memory=placement.max_memory, **load_kwargs(quant))
     if placement.device_map is None:

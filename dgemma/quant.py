@@ -1,8 +1,27 @@
-"""Quantization modes: what each expects of a checkpoint, and what loading it needs."""
+"""Quantization modes: what each expects of a checkpoint, and what loading it needs.
+
+An AutoRound checkpoint of DiffusionGemma stores the encoder's and the decoder's layers as
+separate packed copies (qweight, qzeros, scales): auto-round quantizes each block on its own and
+packed layers have no `.weight` to tie. Transformers still declares every encoder layer weight
+tied to the decoder's, and auto-round refuses to swap in packed layers for tied weights, so a
+plain load keeps float layers and re-initialises them. The AutoRound class below drops those ties
+before auto-round converts the model, keeps every tie that is still between plain tensors
+(norms, routers, embeddings, lm_head), and once loaded makes the encoder reuse the decoder's
+packed layers wherever the checkpoint's two copies are bit-identical.
+"""
 
 from __future__ import annotations
 
+import functools
+import re
+
+import torch
+
 QUANTS = ("none", "autoround")
+# Fused MoE expert parameters (3D); auto-round splits them into per-expert linears.
+_FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
+_ENCODER_LAYERS = "model.encoder.language_model.layers"
+_DECODER_LAYERS = "model.decoder.layers"
 
 
 def quant_method(config) -> str | None:
@@ -26,6 +45,23 @@ def check_quant(quant: str, config, source: str) -> None:
         raise ValueError(f"quant 'autoround' needs an AutoRound checkpoint, but {source!r} has {found}; set quant "
                          "to 'none', or pick an AutoRound INT4 checkpoint (e.g. "
                          "Intel/diffusiongemma-26B-A4B-it-int4-AutoRound)")
+    if quant == "autoround":
+        _require_auto_round()
+
+
+def _require_auto_round() -> None:
+    try:
+        import auto_round  # noqa: F401
+    except ImportError as exc:
+        raise ValueError("quant 'autoround' needs the auto-round package in the Python that runs ComfyUI: "
+                         "pip install 'auto-round>=0.16'") from exc
+
+
+def model_class(quant: str):
+    """The class whose from_pretrained loads a checkpoint of this mode."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    return _autoround_class() if quant == "autoround" else DiffusionGemmaForBlockDiffusion
 
 
 def load_kwargs(quant: str) -> dict:
@@ -34,4 +70,134 @@ def load_kwargs(quant: str) -> dict:
 
 
 def after_load(model, quant: str) -> None:
-    """Repairs a mode needs once the weights are in."""
+    """Checks and repairs a mode needs once the weights are in."""
+    if quant != "autoround":
+        return
+    report = getattr(model, "_dgemma_load_report", None)
+    if report is not None:
+        _refuse_bad_load(report)
+    _refuse_meta(model)
+    head = getattr(model.lm_head, "weight", None)  # absent if a checkpoint packed lm_head too
+    if getattr(model.config, "tie_word_embeddings", False) and isinstance(head, torch.nn.Parameter):
+        if head is not model.model.decoder.embed_tokens.weight:
+            raise ValueError("the AutoRound checkpoint loaded, but lm_head is not tied to the token embedding; "
+                             "this transformers/auto-round pair is not supported, see the pack's tested versions")
+    model._dgemma_shared_layers = share_identical_layers(model)
+
+
+def share_identical_layers(model) -> tuple[int, int]:
+    """Make each encoder layer reuse the decoder's packed layer when the two hold identical tensors.
+
+    The unquantized model ties them, so identical copies are the same weights twice; sharing them
+    halves the memory of the quantized layers. Copies that differ (a tuned quantization can round
+    the encoder and decoder differently) stay as the checkpoint holds them. Returns (shared, kept).
+    """
+    if len({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}) > 1:
+        return 0, 0  # offloaded: accelerate hooks place each copy; leave them where they are
+    encoder = model.get_submodule(_ENCODER_LAYERS)
+    decoder = model.get_submodule(_DECODER_LAYERS)
+    shared = kept = 0
+    for enc_layer, dec_layer in zip(encoder, decoder):
+        for name, dec_mod in list(dec_layer.named_modules()):
+            if not _is_packed(dec_mod):
+                continue
+            try:
+                enc_mod = enc_layer.get_submodule(name)
+            except AttributeError:
+                continue
+            if enc_mod is dec_mod:
+                continue
+            if _same_tensors(enc_mod, dec_mod):
+                parent, _, leaf = name.rpartition(".")
+                setattr(enc_layer.get_submodule(parent) if parent else enc_layer, leaf, dec_mod)
+                shared += 1
+            else:
+                kept += 1
+    return shared, kept
+
+
+def packed_names(module) -> list[str]:
+    """Names of the auto-round packed layers inside `module`."""
+    return [n for n, m in module.named_modules() if _is_packed(m)]
+
+
+def _is_packed(module) -> bool:
+    return isinstance(getattr(module, "qweight", None), torch.Tensor)
+
+
+def _same_tensors(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return (type(a) is type(b) and sa.keys() == sb.keys()
+            and all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k]) for k in sa))
+
+
+def _refuse_bad_load(report) -> None:
+    missing = sorted(getattr(report, "missing_keys", ()) or ())
+    unexpected = sorted(k for k in (getattr(report, "unexpected_keys", ()) or ())
+                        if k.rsplit(".", 1)[-1] in ("qweight", "qzeros", "scales", "g_idx"))
+    if missing or unexpected:
+        what = (f"{len(missing)} weights missing from the checkpoint (they would be random), e.g. {missing[:3]}"
+                if missing else f"{len(unexpected)} packed tensors left unused, e.g. {unexpected[:3]}")
+        raise ValueError(f"the AutoRound checkpoint does not match this model: {what}; download it again, or "
+                         "use an AutoRound export of DiffusionGemma made with auto-round >= 0.16")
+
+
+def _refuse_meta(model) -> None:
+    offloaded = {k for k, v in (getattr(model, "hf_device_map", None) or {}).items() if str(v) in ("cpu", "disk")}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.device.type == "meta" and not any(name == k or name.startswith(k + ".") for k in offloaded):
+            raise ValueError(f"{name} was never loaded (still on the meta device); the AutoRound checkpoint is "
+                             "incomplete or does not match this transformers version")
+
+
+def _quantized_by_config(model, config) -> set[str]:
+    """Parameter names auto-round will replace with packed layers, per the checkpoint's config."""
+    qc = getattr(config, "quantization_config", None) or {}
+    get = qc.get if isinstance(qc, dict) else lambda k, d=None: getattr(qc, k, d)
+    blocks = get("block_name_to_quantize") or get("to_quant_block_names") or [_ENCODER_LAYERS, _DECODER_LAYERS]
+    blocks = blocks.split(",") if isinstance(blocks, str) else list(_flatten(blocks))
+    extra, bits = get("extra_config") or {}, get("bits", 4)
+    names = set()
+    for mod_name, module in model.named_modules():
+        if not any(mod_name == b or mod_name.startswith(b + ".") for b in blocks):
+            continue
+        for p_name, param in module.named_parameters(recurse=False):
+            full = f"{mod_name}.{p_name}"
+            if isinstance(module, torch.nn.Linear) and p_name == "weight":
+                if int(extra.get(mod_name, {}).get("bits", bits)) < 16:
+                    names.add(full)
+            elif param.dim() == 3 and _FUSED_EXPERTS.search(full):
+                names.add(full)
+    return names
+
+
+def _flatten(items):
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flatten(item)
+        else:
+            yield str(item)
+
+
+@functools.cache
+def _autoround_class():
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    class AutoRoundDiffusionGemma(DiffusionGemmaForBlockDiffusion):
+        """DiffusionGemma whose ties skip the layers an AutoRound checkpoint stores packed."""
+
+        def __init__(self, config):
+            super().__init__(config)
+            # Runs before from_pretrained hands the model to auto-round, which reads these ties.
+            quantized = _quantized_by_config(self, config)
+            for owner in (self, self.model):
+                ties = getattr(owner, "all_tied_weights_keys", None) or {}
+                prefix = "model." if owner is self.model else ""
+                owner.all_tied_weights_keys = {
+                    t: s for t, s in ties.items() if prefix + t not in quantized and prefix + s not in quantized}
+
+        def mark_tied_weights_as_initialized(self, loading_info):
+            self._dgemma_load_report = loading_info  # after_load reads what the checkpoint lacked
+            return super().mark_tied_weights_as_initialized(loading_info)
+
+    return AutoRoundDiffusionGemma
