@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dgemma.images import render_frames, to_image
+from ..dgemma.images import render_images
 from ..dgemma.knobs import Knobs
 from ..dgemma.loop import num_blocks
 from ..dgemma.run import generate
@@ -39,9 +39,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
     bar.to(blocks * steps)
     if live:
         host.send(events.DONE, events.done_event(node, result.state.steps_used, result.text))
-    images = to_image(render_frames(result.trace, model.token_strings))
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
-               images, result.config)
+               render_images(result.trace, model.token_strings), result.config)
     return outputs + ((result.context,) if advance else ())
 
 

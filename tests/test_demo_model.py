@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -27,8 +29,9 @@ def test_thinking_answers_with_the_thought_moved_out(demo_model):
     for i, (a, b) in enumerate(PAIRS):
         result = generate(demo_model, f"What is {a}+{b}?", knobs(seed=i, thinking=True))
         thought = result.state.thought or ""
-        right += result.text == WORDS[a + b] and thought.startswith(f"{a}+{b}=") and "+" not in result.text
-    assert right >= 95, f"{right}/100 answers with their thought in canvas_state.thought"
+        right += (result.text == WORDS[a + b] and re.fullmatch(rf"\d\+\d={a + b}", thought) is not None
+                  and "+" not in result.text)
+    assert right >= 95, f"{right}/100 right answers whose thought (stating the sum) is in canvas_state.thought"
 
 
 def test_answers_from_a_kv_context(demo_model):
@@ -48,10 +51,11 @@ def test_same_prompt_and_seed_same_answer_and_trace(demo_model):
 
 @pytest.mark.parametrize("thinking", [False, True])
 def test_the_annealing_is_visible_with_the_demo_knobs(demo_model, thinking):
-    """Several steps, starting from noise, ending on the answer."""
+    """Several steps, starting mostly from noise, the accepted share growing until the block settles."""
     result = generate(demo_model, "What is 3+4?", knobs(thinking=thinking))
     trace = result.trace
     assert result.text == "seven" and result.state.steps_used >= 4
-    assert trace.accepted[0].mean() < 0.9 and trace.accepted[-1].all()
     accepted_per_step = trace.accepted.sum(axis=1)
-    assert len(set(accepted_per_step.tolist())) >= 3  # the canvas fills in over several steps
+    assert accepted_per_step[0] < 0.5 * demo_model.canvas_length < accepted_per_step[-1]
+    assert len(set(accepted_per_step.tolist())) >= 4  # the canvas fills in over several steps
+    assert trace.block_stopped_early == (True,) and result.state.converged

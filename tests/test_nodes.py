@@ -15,7 +15,7 @@ from conftest import REPO
 
 Loader, Sampler, Denoise = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler", "DGemmaDenoise"))
 Encode, Trace, RunLog = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaEncode", "DGemmaTrace", "DGemmaRunLogWriter"))
-KNOBS = dict(seed=3, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.001, confidence=0.005,
+KNOBS = dict(seed=3, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.005,
              gen_length=32, thinking=False)
 
 

@@ -83,5 +83,5 @@ def test_random_checkpoint_matches_pipeline(tiny_model, gen_length, confidence, 
 
 @pytest.mark.parametrize("gen_length, eos_stop, min_blocks", [(32, True, 1), (96, False, 3)])
 def test_demo_model_matches_pipeline_with_adaptive_stop(demo_model, gen_length, eos_stop, min_blocks):
-    assert_same_run(demo_model, "What is 2+5?", Knobs(seed=5, gen_length=gen_length, entropy_bound=0.01),
+    assert_same_run(demo_model, "What is 2+5?", Knobs(seed=5, gen_length=gen_length),
                     eos_stop=eos_stop, min_blocks=min_blocks, expect_early_stop=True)

@@ -22,7 +22,7 @@ FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed
 
 @pytest.fixture(scope="module")
 def run(demo_model):
-    result = generate(demo_model, "What is 2+3?", Knobs(seed=1, entropy_bound=0.001, thinking=True))
+    result = generate(demo_model, "What is 2+3?", Knobs(seed=1, thinking=True))
     return result, frame_texts(result.trace, demo_model.token_strings)
 
 

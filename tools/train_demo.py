@@ -1,13 +1,16 @@
 """Train the demo DiffusionGemma from random initialisation on a toy chat task, on the CPU.
 
 Task: "What is a+b?" (a, b in 0..9) -> the sum in words, e.g. "seven". With thinking on, the
-model first writes its thought channel: "<|channel>thought\\n3+4=7<channel|>seven".
-Objective: uniform-state corruption (each canvas token replaced by a uniform random token with
-probability t ~ U(0, 1)), cross-entropy on every canvas position (answer positions weighted up over the padding), self-conditioning on half the
-batches (logits / T with T ~ U(0.4, 0.8), as the scheduler shapes them). Deterministic given
---seed, --steps and --threads.
+model first writes its thought channel: "<|channel>thought\\n3+4=7<channel|>seven". With
+context, raw text "a=3, b=4." opens the sequence (as DGemmaEncode encodes it) and the turn asks
+"What is a+b?", so the answer has to come from the KV cache.
 
-    python tools/train_demo.py --out dgemma/demo_model --steps 5000
+Objective: uniform-state corruption (each canvas token replaced by a uniform random token with
+probability t ~ U(0, 1)), cross-entropy on every canvas position (answer positions weighted up
+over the padding, label smoothing 0.02), self-conditioning on half the batches (logits / T with
+T ~ U(0.4, 0.8), as the scheduler shapes them). Deterministic given --seed, --steps, --threads.
+
+    python tools/train_demo.py --out dgemma/demo_model --steps 4000 --threads 1
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from dgemma.demo import WORDS  # noqa: E402
 from dgemma.tiny import build_model, save_checkpoint  # noqa: E402
 
 ANSWER_WEIGHT = 3.0
+# A little label smoothing keeps the model from being certain of every position at once: the
+# entropy per position then falls with the temperature, so the canvas fills in over several steps.
+SMOOTHING = 0.02
 MODES = ("plain", "thinking", "context")
 CONTEXT_QUESTION = "What is a+b?"
 
@@ -95,7 +101,8 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float) -> None:
         logits = model(decoder_input_ids=noisy, past_key_values=cache, self_conditioning_logits=self_cond).logits
         # Pads fill most of the canvas and are easy; weight the answer's positions up.
         weight = 1.0 + ANSWER_WEIGHT * (clean != tok.pad_token_id)
-        token_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), clean.reshape(-1), reduction="none")
+        token_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), clean.reshape(-1), reduction="none",
+                                                       label_smoothing=SMOOTHING)
         loss = (token_loss * weight.reshape(-1)).sum() / weight.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -113,11 +120,11 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("dgemma/demo_model"))
-    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it too)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (results depend on it too)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     train(args.out, args.steps, args.seed, args.batch, args.lr)
