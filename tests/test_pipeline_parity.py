@@ -81,6 +81,8 @@ def test_random_checkpoint_matches_pipeline(tiny_model, gen_length, confidence, 
                     min_blocks=min_blocks)
 
 
+@pytest.mark.skipif(_release("diffusers")[:2] < (0, 42), reason="diffusers before 0.42 stops on the raw logits "
+                    "for the whole batch; the engine follows 0.42 and transformers generate")
 @pytest.mark.parametrize("gen_length, eos_stop, min_blocks", [(32, True, 1), (96, False, 3)])
 def test_demo_model_matches_pipeline_with_adaptive_stop(demo_model, gen_length, eos_stop, min_blocks):
     assert_same_run(demo_model, "What is 2+5?", Knobs(seed=5, gen_length=gen_length),
