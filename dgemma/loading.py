@@ -9,7 +9,7 @@ import torch
 
 from . import preflight
 from .payloads import DGemmaModel
-from .quant import QUANTS, after_load, check_quant, load_kwargs, model_class
+from .quant import QUANTS, after_load, check_quant, model_class
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 DEFAULT_HUB_ID = "google/diffusiongemma-26B-A4B-it"
@@ -113,7 +113,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
     model = model_class(quant).from_pretrained(
         where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local, use_kernels=False,
-        device_map=placement.device_map, max_memory=placement.max_memory, **load_kwargs(quant))
+        device_map=placement.device_map, max_memory=placement.max_memory)
     if placement.device_map is None:
         model.to(placement.device)
     model.eval()

@@ -64,11 +64,6 @@ def model_class(quant: str):
     return _autoround_class() if quant == "autoround" else DiffusionGemmaForBlockDiffusion
 
 
-def load_kwargs(quant: str) -> dict:
-    """Extra from_pretrained arguments for the mode."""
-    return {}
-
-
 def after_load(model, quant: str) -> None:
     """Checks and repairs a mode needs once the weights are in."""
     if quant != "autoround":
