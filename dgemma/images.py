@@ -361,15 +361,3 @@ def render_images(trace, token_strings: Sequence[str]):
     import torch
 
     return torch.from_numpy(render_frames(trace, token_strings, dtype=np.float32))
-
-
-def to_image(frames: np.ndarray):
-    """ComfyUI's IMAGE: torch float32 (B, H, W, 3) in 0..1, from uint8 frames."""
-    import torch
-
-    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
-        raise ValueError(f"frames must be uint8 (B, H, W, 3), got {frames.dtype} {frames.shape}")
-    # numpy's one-pass divide is several times faster here than torch's cast then divide.
-    out = _empty(frames.shape, np.float32)
-    np.divide(frames, np.float32(255.0), out=out, dtype=np.float32)
-    return torch.from_numpy(out)

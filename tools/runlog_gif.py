@@ -10,7 +10,6 @@ per-position split and is painted in one colour.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -22,10 +21,11 @@ SCHEMA = "dg-runlog/1"
 
 
 def _images():
-    spec = importlib.util.spec_from_file_location("headless", ROOT / "headless.py")
-    headless = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(headless)
-    headless.load_pack()
+    """The pack's renderer, loaded only once there is a log to render (it imports torch)."""
+    sys.path.insert(0, str(ROOT))
+    from headless import load_pack
+
+    load_pack()
     from diffusiongemma.dgemma import images
 
     return images
