@@ -73,7 +73,10 @@ class Knobs:
     def asdict(self) -> dict:
         return asdict(self)
 
+    def position(self, step: int) -> float:
+        """Schedule position t = (N - step) / N of `step` (0-based): 1 at the first step, 1/N at the last."""
+        return (self.num_inference_steps - step) / self.num_inference_steps
+
     def temperature(self, step: int) -> float:
         """The scheduler's annealed temperature at `step` (0-based) of a block."""
-        fraction = (self.num_inference_steps - step) / self.num_inference_steps
-        return self.t_min + (self.t_max - self.t_min) * fraction
+        return self.t_min + (self.t_max - self.t_min) * self.position(step)

@@ -69,14 +69,10 @@ class CanvasTrace:
         """(S, L) bool accepted mask."""
         return np.unpackbits(self.accepted_bits, axis=1, count=self.canvas_length).astype(bool)
 
-    def t(self, i: int) -> float:
-        n = self.knobs.num_inference_steps
-        return (n - int(self.steps[i])) / n
-
     def frame(self, i: int) -> Frame:
         step = int(self.steps[i])
         accepted = np.unpackbits(self.accepted_bits[i], count=self.canvas_length).astype(bool)
-        return Frame(int(self.blocks[i]), step, self.t(i), self.knobs.temperature(step),
+        return Frame(int(self.blocks[i]), step, self.knobs.position(step), self.knobs.temperature(step),
                      self.ids[i], accepted, self.entropy[i])
 
     def frames(self):
@@ -102,8 +98,8 @@ class Recorder:
         acc = accepted[0].to("cpu").numpy().astype(bool)
         ent = entropy[0].to("cpu").numpy().astype(np.float16)
         self._rows.append((block, step, ids, np.packbits(acc), ent))
-        return Frame(block, step, (self.knobs.num_inference_steps - step) / self.knobs.num_inference_steps,
-                     self.knobs.temperature(step), _frozen(ids), _frozen(acc), _frozen(ent))
+        return Frame(block, step, self.knobs.position(step), self.knobs.temperature(step),
+                     _frozen(ids), _frozen(acc), _frozen(ent))
 
     def finish(self, context: dict | None = None) -> CanvasTrace:
         L = self.canvas_length
