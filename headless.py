@@ -29,6 +29,6 @@ def load_pack():
 
 if __name__ == "__main__":
     load_pack()
-    from diffusiongemma.nodes.headless import main
+    from diffusiongemma.runner.cli import main
 
     sys.exit(main())

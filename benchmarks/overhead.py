@@ -22,7 +22,7 @@ from headless import load_pack  # noqa: E402
 
 load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
-from diffusiongemma.dgemma.tiny import build_checkpoint  # noqa: E402
+from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402
 
 PROMPT = "What is 3+4?"
 

@@ -3,9 +3,9 @@
 from . import host
 from .encode import DGemmaEncode
 from .loader import DGemmaLoader
-from .runlog import DGemmaRunLogWriter
+from .runlog_writer import DGemmaRunLogWriter
 from .sampler import DGemmaDenoise, DGemmaSampler
-from .trace import DGemmaTrace
+from .trace_heatmap import DGemmaTrace
 
 host.register_model_folder()
 

@@ -18,13 +18,14 @@ _headless = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_headless)
 pack = _headless.load_pack()
 
-from diffusiongemma.dgemma import load_model, tiny  # noqa: E402
+from diffusiongemma.dgemma import load_model  # noqa: E402
+from diffusiongemma.testing import tiny  # noqa: E402
 
 
 def _cache_root() -> Path:
     import transformers
 
-    sources = b"".join((REPO / "dgemma" / f).read_bytes() for f in ("tiny.py", "tiny_tokenizer.py"))
+    sources = b"".join((REPO / "testing" / f).read_bytes() for f in ("tiny.py", "tiny_tokenizer.py"))
     key = hashlib.sha256(sources + transformers.__version__.encode()).hexdigest()[:12]
     base = Path(os.environ.get("DGEMMA_TEST_CACHE", Path.home() / ".cache" / "dgemma-tests"))
     return base / key

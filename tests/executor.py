@@ -6,6 +6,7 @@ import torch
 
 from diffusiongemma.dgemma import CanvasState, CanvasTrace, DGemmaModel, RunConfig
 from diffusiongemma.dgemma.context import KVCache
+from diffusiongemma.runner.execute import call_node
 
 PYTHON_TYPES = {"STRING": str, "IMAGE": torch.Tensor, "DGEMMA_MODEL": DGemmaModel, "DGEMMA_CANVAS_STATE": CanvasState,
                 "DGEMMA_CANVAS_TRACE": CanvasTrace, "DGEMMA_RUN_CONFIG": RunConfig, "DGEMMA_KV_CACHE": KVCache}
@@ -22,11 +23,8 @@ def call(cls, **inputs):
     kwargs = dict(inputs)
     if getattr(cls, "INPUT_IS_LIST", False):
         kwargs = {k: v if isinstance(v, list) else [v] for k, v in kwargs.items()}
-    kwargs.update({name: HIDDEN[kind] for name, kind in spec.get("hidden", {}).items()})
-    out = getattr(cls(), cls.FUNCTION)(**kwargs)
-    ui = None
-    if isinstance(out, dict):
-        out, ui = out["result"], out.get("ui")
+    hidden = {name: HIDDEN[kind] for name, kind in spec.get("hidden", {}).items()}
+    out, ui = call_node(cls, kwargs, hidden)
     assert isinstance(out, tuple) and len(out) == len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES)
     as_list = getattr(cls, "OUTPUT_IS_LIST", (False,) * len(out))
     assert len(getattr(cls, "OUTPUT_TOOLTIPS", out)) == len(out)

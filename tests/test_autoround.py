@@ -20,7 +20,8 @@ from conftest import REPO, _cache_root, checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from diffusiongemma.dgemma import Knobs, generate, load_model, tiny
+from diffusiongemma.dgemma import Knobs, generate, load_model
+from diffusiongemma.testing import tiny
 from diffusiongemma.dgemma.demo import DEMO_DIR, DEMO_KNOBS, WORDS, demo_available
 from diffusiongemma.dgemma.quant import packed_names
 

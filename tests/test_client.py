@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 
-from diffusiongemma.nodes.client import submit
+from diffusiongemma.runner.client import submit
 
 PROMPT_ID = "p-1"
 EVENTS = [

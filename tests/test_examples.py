@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from diffusiongemma.nodes.graph import input_specs, validate, widget_layout
-from diffusiongemma.nodes.headless import CLASSES, run_graph
+from diffusiongemma.runner.graph import input_specs, validate, widget_layout
+from diffusiongemma.runner.execute import CLASSES, run_graph
 from diffusiongemma.nodes.loader import model_choices
 
 API = sorted((REPO / "examples" / "api").glob("*.json"))

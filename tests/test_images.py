@@ -14,7 +14,7 @@ from PIL import Image, features
 from diffusiongemma.dgemma import CanvasTrace, Knobs
 from diffusiongemma.dgemma import images
 from diffusiongemma.dgemma.fonts import BLANK, SUBSTITUTE, WIDE_SUBSTITUTE, default_atlas
-from diffusiongemma.dgemma.tiny_tokenizer import _filler_pieces
+from diffusiongemma.testing.tiny_tokenizer import _filler_pieces
 
 VOCAB = ["<pad>", "<turn|>", " The", " quick", " brown", " fox", "\n", " jumps", "Привет", " λόγος",
          "中文", "한국어", "ไทย", "\ufffd", " over", "supercalifragilistic", " the", " lazy", " dog", "."]

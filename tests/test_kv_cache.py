@@ -20,7 +20,7 @@ from diffusiongemma.dgemma.loop import denoise_blocks
 from diffusiongemma.dgemma.runlog import records
 from diffusiongemma.dgemma.tokens import context_ids, frame_texts, prompt_ids
 from diffusiongemma.dgemma.trace import Recorder
-from diffusiongemma.nodes.headless import run_graph
+from diffusiongemma.runner.execute import run_graph
 
 CONTEXT = "The quick brown fox jumps over the lazy dog. " * 14  # 630 tokens: past the 512 sliding window
 FAST = dict(num_inference_steps=3, confidence=0.0)

@@ -28,7 +28,7 @@ def _pack():
     import headless
 
     headless.load_pack()
-    from diffusiongemma.dgemma import tiny
+    from diffusiongemma.testing import tiny
 
     return tiny
 

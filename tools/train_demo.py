@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from headless import load_pack  # noqa: E402
 
-from dgemma.demo import WORDS  # noqa: E402
-from dgemma.tiny import build_model, save_checkpoint  # noqa: E402
+load_pack()
+from diffusiongemma.dgemma.demo import WORDS  # noqa: E402
+from diffusiongemma.testing.tiny import build_model, save_checkpoint  # noqa: E402
 
 ANSWER_WEIGHT = 3.0
 # A little label smoothing keeps the model from being certain of every position at once: the

@@ -1,4 +1,4 @@
-"""Stand-ins for the core preview/save nodes (and Video Combine) when a graph runs headless.
+"""Stand-ins for ComfyUI core preview/save nodes (and Video Combine) in headless runs.
 
 Their inputs mirror the real nodes', so a graph that validates here validates in ComfyUI.
 """
@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from ..dgemma.outfiles import save_new
-from . import host
+from ..nodes import host
 
 VIDEO_FORMATS = ["image/gif", "image/webp", "video/h264-mp4", "video/webm"]
 
@@ -133,4 +133,4 @@ class VHS_VideoCombine:
         return {"ui": {"gifs": [path]}, "result": ((save_output, [path]),)}
 
 
-SINKS = {c.__name__: c for c in (PreviewAny, SaveImage, PreviewImage, SaveAnimatedWEBP, VHS_VideoCombine)}
+CORE_NODES = {c.__name__: c for c in (PreviewAny, SaveImage, PreviewImage, SaveAnimatedWEBP, VHS_VideoCombine)}

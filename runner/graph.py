@@ -90,6 +90,13 @@ def validate(graph, classes: dict) -> list[str]:
     return errors
 
 
+def check_graph(graph, classes: dict) -> None:
+    """Raise one ValueError listing every problem `validate` finds."""
+    errors = validate(graph, classes)
+    if errors:
+        raise ValueError("the graph does not validate:\n  " + "\n  ".join(errors))
+
+
 def execution_order(graph, classes: dict) -> list[str]:
     """Output nodes and their ancestors, each after the nodes it reads from."""
     outputs = [n for n, node in graph.items() if getattr(classes[node["class_type"]], "OUTPUT_NODE", False)]

@@ -1,0 +1,66 @@
+"""`python -m headless`: run an API-format graph in process, or submit it to a running ComfyUI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..nodes import events, host
+from .client import submit
+from .core_nodes import describe
+from .execute import run_graph
+
+DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "examples" / "api" / "demo_smoke.json"
+
+
+def _print_step(event: str, data: dict) -> None:
+    if event == events.STEP:
+        text = "".join(data["tokens"]).replace("\n", "⏎")
+        print(f"  [{data['node']}] block {data['block'] + 1}/{data['blocks']} step {data['step'] + 1}/"
+              f"{data['steps']} T={data['T']:.3f} committed {data['committed']:.0%} | {text[:60]}",
+              file=sys.stderr, flush=True)
+
+
+def _print_event(event: str, data: dict) -> None:
+    if event == events.STEP:
+        _print_step(event, data)
+    elif event not in (events.START, events.DONE, "progress", "progress_state", "status"):
+        print(f"  {event}: {json.dumps(data)[:300]}", file=sys.stderr, flush=True)
+
+
+def _report(graph: dict, uis: dict) -> None:
+    for node_id, ui in uis.items():
+        print(f"[{node_id}] {graph[node_id]['class_type']}")
+        for key, values in ui.items():
+            for value in values:
+                text = value if isinstance(value, str) else describe(value)
+                print(f"  {key}: " + text.replace("\n", "\n    "))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m headless",
+                                     description="Run an API-format graph of this pack without a ComfyUI server.")
+    parser.add_argument("graph", nargs="?", type=Path, default=DEFAULT_GRAPH, help="an API-format graph (JSON)")
+    parser.add_argument("--out", type=Path, default=Path("output"), help="output folder (in-process runs)")
+    parser.add_argument("--server", help="URL of a running ComfyUI, e.g. http://127.0.0.1:8188")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds without an event (--server)")
+    parser.add_argument("--quiet", action="store_true", help="do not print the canvas per step")
+    args = parser.parse_args(argv)
+    graph = json.loads(args.graph.read_text())
+    if args.server:
+        code, outputs = submit(graph, args.server.rstrip("/"), args.timeout, _print_event)
+        _report(graph, outputs)
+        return code
+    os.environ["DGEMMA_OUTPUT_DIR"] = str(args.out.resolve())
+    if not args.quiet:
+        host.listen(_print_step)
+    try:
+        uis = run_graph(graph)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    _report(graph, uis)
+    return 0
