@@ -13,8 +13,10 @@ from typing import Callable
 import torch
 
 from .cache import encode_ids, fork_cache, input_device, new_cache
+from .errors import InputError
 from .loop import Cancelled
-from .tokens import context_ids
+from .payloads import check_model
+from .tokens import check_text, context_ids, literal_ids
 
 CHUNK = 1024  # tokens encoded per forward, so a long context stays interruptible
 
@@ -54,14 +56,15 @@ class KVCache:
         mine = geometry(dm.model)
         if self.geometry != mine:
             diff = {k: (v, mine.get(k)) for k, v in self.geometry.items() if mine.get(k) != v}
-            raise ValueError(f"kv_cache was encoded by a model with another geometry {diff} (cache, model); "
-                             "re-run DGemmaEncode with this model")
+            raise InputError("context", f"the KV context was encoded by a model with another geometry {diff} "
+                                        "(context, model); encode the context again with this model")
         if self.model_source != dm.source:
-            raise ValueError(f"kv_cache was encoded by {self.model_source!r}, not by {dm.source!r}; "
-                             "re-run DGemmaEncode with the model this run uses")
+            raise InputError("context", f"the KV context was encoded by {self.model_source!r}, not by "
+                                        f"{dm.source!r}; encode the context again with the model this run uses")
         if self.tokenizer_fingerprint != dm.tokenizer_fingerprint:
-            raise ValueError(f"kv_cache was encoded with tokenizer {self.tokenizer_fingerprint}, this model's "
-                             f"is {dm.tokenizer_fingerprint}; re-run DGemmaEncode with this model")
+            raise InputError("context", f"the KV context was encoded with tokenizer {self.tokenizer_fingerprint}, "
+                                        f"this model's is {dm.tokenizer_fingerprint}; encode the context again "
+                                        "with this model")
 
     def fork_for(self, dm):
         """A private cache on the model's device and dtype; the payload's tensors are untouched."""
@@ -90,17 +93,21 @@ class KVCache:
 def encode_context(dm, text: str, onto: KVCache | None = None,
                    should_cancel: Callable[[], bool] | None = None) -> KVCache:
     """Mint a cache from raw `text` (no chat framing), or advance `onto` with more text."""
-    if not isinstance(text, str):
-        raise ValueError(f"text must be text, got {type(text).__name__}")
+    check_model(dm)
+    check_text("text", text)
     if not text.strip():
-        raise ValueError("text is empty; type the context to encode (a document, a prior turn)")
+        raise InputError("text", "text is empty; type the context to encode (a document, a prior turn)")
     if onto is not None and not isinstance(onto, KVCache):
-        raise ValueError(f"kv_cache must come from DGemmaEncode, got {type(onto).__name__}")
+        raise InputError("context", f"the KV context to continue must be an encoded context, got "
+                                    f"{type(onto).__name__}; encode one with encode_context")
     if onto is not None:
         onto.check_model(dm)
-        cache, ids = onto.fork_for(dm), list(dm.tokenizer.encode(text, add_special_tokens=False))
-    else:
-        cache, ids = new_cache(dm.model), context_ids(dm, text)
+    ids = literal_ids(dm.tokenizer, text) if onto is not None else context_ids(dm, text)
+    held = (onto.length if onto is not None else 0) + len(ids)
+    if held > dm.max_positions:
+        raise InputError("text", f"text is {len(ids)} tokens; with the context before it that is {held}, over "
+                                 f"the model's {dm.max_positions} positions; shorten it")
+    cache = onto.fork_for(dm) if onto is not None else new_cache(dm.model)
     for start in range(0, len(ids), CHUNK):
         if should_cancel is not None and should_cancel():
             raise Cancelled(0)

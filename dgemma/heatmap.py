@@ -11,15 +11,14 @@ import math
 
 import numpy as np
 
-from .images import HELD, NEW, NOISE, position_states
+from .errors import require_type
+from .states import NAMES, PALETTE
+from .trace import CanvasTrace
 
 MODES = ("commit", "entropy")
-CELL_PX_MAX = 32
+CELL_PX_DEFAULT, CELL_PX_MAX = 6, 32
 ENTROPY_CAP = math.log(262_144)  # nats: a uniform distribution over the real vocabulary
 
-REJECTED = (28, 30, 36)
-HELD_COLOUR = (235, 237, 240)
-NEW_COLOUR = (255, 176, 59)
 SEPARATOR = (230, 40, 160)
 # Dark blue through teal and green to yellow, sampled evenly along the entropy scale.
 RAMP = np.array([(13, 8, 135), (40, 60, 160), (33, 125, 160), (40, 170, 130), (120, 205, 75),
@@ -27,7 +26,9 @@ RAMP = np.array([(13, 8, 135), (40, 60, 160), (33, 125, 160), (40, 170, 130), (1
 RAMP_NAMES = ("dark blue", "blue", "teal", "sea green", "green", "yellow")
 
 
-def check_inputs(mode, cell_px) -> None:
+def check_inputs(mode, cell_px, trace=None) -> None:
+    if trace is not None:
+        require_type("canvas_trace", trace, CanvasTrace, "the trace of a run")
     if mode not in MODES:
         raise ValueError(f"mode must be 'commit' or 'entropy', got {mode!r}; pick one of those two")
     if isinstance(cell_px, bool) or not isinstance(cell_px, int) or not 1 <= cell_px <= CELL_PX_MAX:
@@ -58,10 +59,8 @@ def ramp(level: np.ndarray) -> np.ndarray:
 
 
 def _commit_colours(trace) -> np.ndarray:
-    states = position_states(trace.accepted, trace.blocks)
-    palette = np.zeros((max(NOISE, HELD, NEW) + 1, 3), np.uint8)
-    palette[NOISE], palette[HELD], palette[NEW] = REJECTED, HELD_COLOUR, NEW_COLOUR
-    return palette[states]
+    palette = np.array([PALETTE[s] for s in range(len(PALETTE))], np.uint8)
+    return palette[trace.states()]
 
 
 def grid(trace, mode: str) -> np.ndarray:
@@ -69,7 +68,7 @@ def grid(trace, mode: str) -> np.ndarray:
     colours = _commit_colours(trace) if mode == "commit" else ramp(entropy_level(trace.entropy))
     L = trace.canvas_length
     if not len(trace):
-        return np.full((1, L, 3), REJECTED, np.uint8)
+        return np.full((1, L, 3), PALETTE[0], np.uint8)
     starts = np.flatnonzero(np.diff(trace.blocks.astype(np.int64))) + 1
     parts = np.split(colours, starts)
     sep = np.full((1, L, 3), SEPARATOR, np.uint8)
@@ -79,9 +78,9 @@ def grid(trace, mode: str) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def heatmap(trace, mode: str = "commit", cell_px: int = 6) -> np.ndarray:
+def heatmap(trace, mode: str = MODES[0], cell_px: int = CELL_PX_DEFAULT) -> np.ndarray:
     """ComfyUI IMAGE layout: float32 (1, H, W, 3) in 0..1, each cell cell_px square."""
-    check_inputs(mode, cell_px)
+    check_inputs(mode, cell_px, trace)
     g = grid(trace, mode)
     g = np.repeat(np.repeat(g, cell_px, axis=0), cell_px, axis=1)
     return np.divide(g, np.float32(255.0), dtype=np.float32)[None]
@@ -94,7 +93,7 @@ def _percent_lines(values, per_line: int = 24) -> list[str]:
 
 def summary(trace, mode: str = "commit") -> str:
     """Readable text: scheduler, blocks and their stops, committed % per step, legend, scale."""
-    check_inputs(mode, 1)
+    check_inputs(mode, 1, trace)
     k = trace.knobs
     config = " ".join(f"{name}={value}" for name, value in trace.scheduler_config.items())
     lines = [f"DGemmaTrace {mode} heatmap: {len(trace)} steps in {trace.num_blocks} block(s), "
@@ -114,8 +113,10 @@ def summary(trace, mode: str = "commit") -> str:
     lines.append("layout: one row per executed step, top to bottom, all blocks stacked; a magenta row "
                  "separates blocks; one column per canvas position, left to right")
     if mode == "commit":
-        lines.append("colours: white = accepted at this step and the one before; amber = newly accepted "
-                     "at this step; near-black = rejected (renoised to a random token)")
+        lines.append(f"colours: {NAMES[2]} (white) = committed at this step and the one before with the same "
+                     f"token; {NAMES[1]} (amber) = newly committed or changed at this step; {NAMES[0]} (grey) = "
+                     "not committed (renoised to a random token); the adaptive stop commits every position "
+                     "of a block's last step")
     else:
         anchors = ", ".join(f"{name} {anchor_nats(i):.2f}" for i, name in enumerate(RAMP_NAMES))
         lines.append(f"colours: entropy of the distribution the scheduler accepted from (logits / T) on a "

@@ -16,11 +16,12 @@ from typing import Sequence
 import numpy as np
 
 from .fonts import BLANK, SUBSTITUTE, GlyphAtlas, default_atlas
+from .states import NEW, NOISE, PALETTE, SETTLED
 
-# Per-cell colour states.
-NOISE, HELD, NEW, CAPTION = 0, 1, 2, 3
+# Per-cell colour states: the position states, then the caption's own.
+CAPTION = len(PALETTE)
 BACKGROUND = (22, 24, 29)
-COLOURS = {NOISE: (96, 102, 118), HELD: (232, 234, 238), NEW: (255, 190, 80), CAPTION: (150, 156, 170)}
+COLOURS = {**PALETTE, CAPTION: (150, 156, 170)}
 N_STATES = len(COLOURS)
 
 COLS = 94                 # 94 cells of 6 px + margins = 576 px wide
@@ -37,6 +38,70 @@ def _lut() -> np.ndarray:
     a = np.arange(256, dtype=np.float32)[:, None] / 255.0
     rows = [np.rint(bg + a * (np.array(COLOURS[s], np.float32) - bg)) for s in sorted(COLOURS)]
     return np.stack(rows).astype(np.uint8)
+
+
+class TextLayout:
+    """Cells of one frame's text, filled row by row: words wrap whole, long runs break."""
+
+    def __init__(self, cols: int, wide_left):
+        self.cols, self.wide_left = cols, wide_left
+        self.tiles: list[int] = []
+        self.owner: list[int] = []
+        self.col = 0
+        self.soft = False  # the current row began by wrapping, not at a newline
+        self.word_tiles: list[int] = []
+        self.word_owner: list[int] = []
+        self.newline(False)
+
+    def newline(self, wrapped: bool) -> None:
+        self.tiles.extend([BLANK] * self.cols)
+        self.owner.extend([-1] * self.cols)
+        self.col, self.soft = 0, wrapped
+
+    def place(self, tl, ow, start: int, stop: int) -> None:
+        """Put cells tl[start:stop] at the cursor; slices, not cells, go in one row at a time."""
+        cols = self.cols
+        while start < stop:
+            if self.col >= cols:
+                self.newline(True)
+            take = min(cols - self.col, stop - start)
+            if take < stop - start and tl[start + take - 1] in self.wide_left:
+                take -= 1  # both halves of a wide character stay on one row
+                if take == 0:
+                    self.newline(True)
+                    continue
+            at = len(self.tiles) - cols + self.col
+            self.tiles[at:at + take] = tl[start:start + take]
+            self.owner[at:at + take] = ow[start:start + take]
+            self.col += take
+            start += take
+
+    def add_word(self, chunk, pos: int) -> None:
+        self.word_tiles.extend(chunk)
+        self.word_owner.extend([pos] * len(chunk))
+
+    def flush(self) -> None:
+        """Place the pending word: on a fresh row if it fits there, else broken at token boundaries."""
+        tiles, owner, n = self.word_tiles, self.word_owner, len(self.word_tiles)
+        if not n:
+            return
+        if self.col + n > self.cols and 0 < self.col and n <= self.cols:
+            self.newline(True)
+        start = 0
+        while n - start > self.cols - self.col:
+            room = self.cols - self.col
+            if room <= 1:
+                self.newline(True)
+                continue
+            cut = next((j for j in range(start + room, start + room // 2, -1) if owner[j] != owner[j - 1]),
+                       start + room)
+            self.place(tiles, owner, start, cut)
+            start = cut
+            if self.col:  # place() may already have wrapped to keep a wide character whole
+                self.newline(True)
+        self.place(tiles, owner, start, n)
+        tiles.clear()
+        owner.clear()
 
 
 class FrameRenderer:
@@ -109,81 +174,25 @@ class FrameRenderer:
         line's second half, else at the edge. Without `breaks` newlines show inline as a mark;
         `dense` also fills every cell, ignoring word boundaries.
         """
-        cols = self.cols
-        tiles: list[int] = []
-        owner: list[int] = []
-        col = 0
-        soft = False  # the current row began by wrapping, not at a newline
-        word_tiles: list[int] = []
-        word_owner: list[int] = []
-        wide_left = self.atlas.wide_left
+        text = TextLayout(self.cols, self.atlas.wide_left)
         mark = list(self._newline_tiles)
-
-        def newline(wrapped: bool) -> None:
-            nonlocal col, soft
-            tiles.extend([BLANK] * cols)
-            owner.extend([-1] * cols)
-            col, soft = 0, wrapped
-
-        def place(tl: list[int], ow: list[int], start: int, stop: int) -> None:
-            # Slices, not cells: whole runs go in with one list assignment per row.
-            nonlocal col
-            while start < stop:
-                if col >= cols:
-                    newline(True)
-                take = min(cols - col, stop - start)
-                if take < stop - start and tl[start + take - 1] in wide_left:
-                    take -= 1  # both halves of a wide character stay on one row
-                    if take == 0:
-                        newline(True)
-                        continue
-                at = len(tiles) - cols + col
-                tiles[at:at + take] = tl[start:start + take]
-                owner[at:at + take] = ow[start:start + take]
-                col += take
-                start += take
-
-        def flush() -> None:
-            n = len(word_tiles)
-            if not n:
-                return
-            if col + n > cols and 0 < col and n <= cols:
-                newline(True)
-            start = 0
-            while n - start > cols - col:
-                room = cols - col
-                if room <= 1:
-                    newline(True)
-                    continue
-                cut = next((j for j in range(start + room, start + room // 2, -1)
-                            if word_owner[j] != word_owner[j - 1]), start + room)
-                place(word_tiles, word_owner, start, cut)
-                start = cut
-                if col:  # place() may already have wrapped to keep a wide character whole
-                    newline(True)
-            place(word_tiles, word_owner, start, n)
-            word_tiles.clear()
-            word_owner.clear()
-
-        newline(False)
-        for pos, text in enumerate(tokens):
-            for chunk in self.chunks(text):
+        for pos, token in enumerate(tokens):
+            for chunk in self.chunks(token):
                 if chunk.__class__ is tuple:
                     if dense:
-                        place(chunk, [pos] * len(chunk), 0, len(chunk))
+                        text.place(chunk, [pos] * len(chunk), 0, len(chunk))
                     else:
-                        word_tiles.extend(chunk)
-                        word_owner.extend([pos] * len(chunk))
+                        text.add_word(chunk, pos)
                     continue
-                flush()
+                text.flush()
                 if chunk == NEWLINE and breaks:
-                    newline(False)
+                    text.newline(False)
                 elif chunk == NEWLINE:
-                    place(mark, [pos] * len(mark), 0, len(mark))
-                elif dense or col < cols and not (col == 0 and soft):
-                    place([BLANK], [pos], 0, 1)  # a space that would start a wrapped line is dropped
-        flush()
-        return tiles, owner
+                    text.place(mark, [pos] * len(mark), 0, len(mark))
+                elif dense or text.col < self.cols and not (text.col == 0 and text.soft):
+                    text.place([BLANK], [pos], 0, 1)  # a space that would start a wrapped line is dropped
+        text.flush()
+        return text.tiles, text.owner
 
     def fit(self, tokens: Sequence[str]) -> tuple[list[int], list[int]]:
         """The most readable layout that fits the base rows, else the one with fewest rows."""
@@ -206,7 +215,7 @@ class FrameRenderer:
                 states.append(state)
         right: list[tuple[int, int]] = []
         if legend:
-            for text, state in (("new", NEW), (" held", HELD), (" noise", NOISE), ("  ", CAPTION)):
+            for text, state in (("new", NEW), (" settled", SETTLED), (" noise", NOISE), ("  ", CAPTION)):
                 right += [(max(c, BLANK), state) for c in self.units(text)]
             right += [(SUBSTITUTE, CAPTION)] + [(max(c, BLANK), CAPTION) for c in self.units(" no glyph")]
         gap = self.cols - len(tiles) - len(right)
@@ -313,22 +322,6 @@ def renderer(canvas_length: int) -> FrameRenderer:
     return got
 
 
-def position_states(accepted: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """(S, L) colour states from an accepted mask: noise, held, or newly accepted this step.
-
-    Acceptance is decided afresh every step, so "new" compares with the block's previous step.
-    """
-    accepted = np.asarray(accepted, bool)
-    blocks = np.asarray(blocks)
-    prev = np.zeros_like(accepted)
-    if len(accepted) > 1:
-        prev[1:] = accepted[:-1] & (blocks[1:] == blocks[:-1])[:, None]
-    states = np.full(accepted.shape, NOISE, np.uint8)
-    states[accepted] = NEW
-    states[accepted & prev] = HELD
-    return states
-
-
 def caption(block: int, n_blocks: int, step: int, n_steps: int, temperature: float,
             committed: float) -> list[tuple[str, int]]:
     """Caption of one frame; block and step are 0-based, n_steps is that block's own step count."""
@@ -352,7 +345,7 @@ def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtyp
     r = renderer(trace.canvas_length)
     if not canvases:
         return np.zeros((0, *r.size(), 3), dtype)
-    return r.render(canvases, position_states(trace.accepted, trace.blocks), captions(trace),
+    return r.render(canvases, trace.states(), captions(trace),
                     legend=legend, dtype=dtype)
 
 

@@ -5,7 +5,9 @@ The nodes build their widgets from `KNOBS`, so the engine and the canvas agree o
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+
+from .errors import InputError
 
 SEED_MAX = 2**64 - 1
 
@@ -40,35 +42,48 @@ KNOBS: dict[str, KnobSpec] = {
 }
 
 
+def _default(name: str):
+    return KNOBS[name].default
+
+
+def check_knob(name: str, value) -> None:
+    """Refuse a value of the wrong type or outside the table's range, naming the knob."""
+    spec = KNOBS[name]
+    if spec.kind is bool:
+        if not isinstance(value, bool):
+            raise InputError(name, f"{name} must be true or false, got {value!r}")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            spec.kind is int and not isinstance(value, int)):
+        raise InputError(name, f"{name} must be a{'n' if spec.kind is int else ''} {spec.kind.__name__}, "
+                               f"got {value!r}; set a number such as the default {spec.default}")
+    if not spec.lo <= value <= spec.hi:  # also refuses NaN
+        raise InputError(name, f"{name} must be between {spec.lo} and {spec.hi}, got {value!r}; "
+                               f"set it inside that range (default {spec.default})")
+
+
 @dataclass(frozen=True)
 class Knobs:
-    seed: int = 0
-    num_inference_steps: int = 48
-    t_min: float = 0.4
-    t_max: float = 0.8
-    entropy_bound: float = 0.1
-    confidence: float = 0.005
-    gen_length: int = 256
-    thinking: bool = False
+    """The sampler's knobs, validated on construction; defaults and ranges come from `KNOBS`."""
+
+    seed: int = _default("seed")
+    num_inference_steps: int = _default("num_inference_steps")
+    t_min: float = _default("t_min")
+    t_max: float = _default("t_max")
+    entropy_bound: float = _default("entropy_bound")
+    confidence: float = _default("confidence")
+    gen_length: int = _default("gen_length")
+    thinking: bool = _default("thinking")
 
     def __post_init__(self):
-        for name, spec in KNOBS.items():
-            value = getattr(self, name)
-            if spec.kind is bool:
-                if not isinstance(value, bool):
-                    raise ValueError(f"{name} must be true or false, got {value!r}")
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                    spec.kind is int and not isinstance(value, int)):
-                raise ValueError(f"{name} must be a {spec.kind.__name__}, got {value!r}")
-            if not spec.lo <= value <= spec.hi:
-                raise ValueError(f"{name} must be between {spec.lo} and {spec.hi}, got {value!r}; "
-                                 f"set it inside that range (default {spec.default})")
+        for name in KNOBS:
+            check_knob(name, getattr(self, name))
         if self.t_min > self.t_max:
-            raise ValueError(f"t_min must not exceed t_max, got t_min={self.t_min!r} > t_max={self.t_max!r}; "
-                             "swap them (t_max is the hot first step)")
+            raise InputError("t_min", f"t_min must not exceed t_max, got t_min={self.t_min!r} > "
+                                      f"t_max={self.t_max!r}; swap them (t_max is the hot first step)")
         if self.t_max == 0:
-            raise ValueError("t_max must be above 0, got 0.0; a zero temperature divides the logits by zero")
+            raise InputError("t_max", "t_max must be above 0, got 0.0; a zero temperature divides the logits "
+                                      "by zero")
 
     def asdict(self) -> dict:
         return asdict(self)
@@ -80,3 +95,16 @@ class Knobs:
     def temperature(self, step: int) -> float:
         """The scheduler's annealed temperature at `step` (0-based) of a block."""
         return self.t_min + (self.t_max - self.t_min) * self.position(step)
+
+
+def knobs_from(values: dict) -> Knobs:
+    """Knobs from named values (missing ones take their defaults); unknown names are refused."""
+    unknown = sorted(set(values) - set(KNOBS))
+    if unknown:
+        raise InputError(unknown[0], f"{unknown[0]} is not a knob (got {values[unknown[0]]!r}); the knobs are "
+                                     f"{', '.join(KNOBS)}")
+    return Knobs(**values)
+
+
+if tuple(KNOBS) != tuple(f.name for f in fields(Knobs)):
+    raise RuntimeError("KNOBS and Knobs must list the same knobs in the same order")

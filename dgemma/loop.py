@@ -32,82 +32,98 @@ def num_blocks(gen_length: int, canvas_length: int) -> int:
     return math.ceil(gen_length / canvas_length)
 
 
+class AdaptiveStop:
+    """A block ends once its argmax is stable and its mean entropy is below `confidence`.
+
+    When it fires it commits the argmax over the whole canvas (diffusers 0.42 / transformers).
+    """
+
+    def __init__(self, confidence: float, canvas, device):
+        self.confidence = confidence
+        self.frozen = torch.zeros(canvas.shape[0], dtype=torch.bool, device=device)
+        self.argmax = canvas
+        self.history = torch.full((STABILITY_STEPS, *canvas.shape), -1, dtype=torch.long, device=device)
+
+    def apply(self, canvas, logits, entropy):
+        """(canvas after the stop, per-position mask of what the stop committed, block done?)."""
+        if self.confidence <= 0:
+            return canvas, torch.zeros_like(canvas, dtype=torch.bool), False
+        nxt = torch.where(self.frozen[:, None], self.argmax, logits.argmax(dim=-1))
+        stable = (self.history == nxt[None]).all(dim=-1).all(dim=0)
+        self.history = torch.roll(self.history, shifts=-1, dims=0)
+        self.history[-1] = nxt
+        self.frozen = self.frozen | (stable & (entropy.mean(-1) < self.confidence))
+        self.argmax = nxt
+        committed = self.frozen[:, None].expand_as(canvas)
+        return torch.where(committed, self.argmax, canvas), committed, bool(self.frozen.all())
+
+
+class BlockDecoder:
+    """What every step of a block needs from the model: the forward pass at fixed positions."""
+
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+        self.config = model.config
+        self.L = self.config.canvas_length
+        self.vocab = self.config.get_text_config(decoder=True).vocab_size
+        self.device = input_device(model)
+        self.model_kw = cache_kw(type(model).forward)
+        self.decoder = model.model.decoder
+        self.mask_kw = cache_kw(type(self.decoder).create_diffusion_decoder_attention_mask)
+
+    def start_block(self, generator):
+        """A uniform random canvas at the next global positions; returns it."""
+        start = self.cache.get_seq_length()
+        self.positions = torch.arange(start, start + self.L, device=self.device).unsqueeze(0)
+        self.mask = self.decoder.create_diffusion_decoder_attention_mask(
+            config=self.config, inputs_embeds=torch.empty((1, self.L, 0), device=self.device),
+            decoder_attention_mask=torch.ones((1, start + self.L), dtype=torch.bool, device=self.device),
+            **{self.mask_kw: self.cache})
+        return torch.randint(0, self.vocab, (1, self.L), device=self.device, generator=generator)
+
+    def logits(self, canvas, self_cond):
+        return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_cond,
+                          decoder_attention_mask=self.mask, decoder_position_ids=self.positions,
+                          **{self.model_kw: self.cache}).logits
+
+
 @torch.no_grad()
-def denoise_blocks(
-    model,
-    cache,
-    knobs: Knobs,
-    generator: torch.Generator,
-    eos_ids: tuple[int, ...],
-    recorder: Recorder,
-    on_frame: Callable[[Frame], None] | None = None,
-    should_cancel: Callable[[], bool] | None = None,
-    encode_last: bool = False,
-) -> torch.Tensor:
+def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],
+                   recorder: Recorder, on_frame: Callable[[Frame], None] | None = None,
+                   should_cancel: Callable[[], bool] | None = None, encode_last: bool = False) -> torch.Tensor:
     """Generate blocks onto `cache` (which grows); returns the committed ids, shape (B, blocks*L)."""
     from diffusers import EntropyBoundScheduler
 
-    config = model.config
-    L = config.canvas_length
-    vocab = config.get_text_config(decoder=True).vocab_size
-    device = input_device(model)
-    decoder = model.model.decoder
-    model_kw = cache_kw(type(model).forward)
-    mask_kw = cache_kw(type(decoder).create_diffusion_decoder_attention_mask)
-    eos = torch.tensor(eos_ids, device=device)
     n_steps = knobs.num_inference_steps
-
     scheduler = EntropyBoundScheduler(entropy_bound=knobs.entropy_bound, t_max=knobs.t_max,
                                       t_min=knobs.t_min, num_inference_steps=n_steps)
-    scheduler.set_timesteps(n_steps, device=device)
-    blocks: list[torch.Tensor] = []
-    done = 0
-    for block in range(num_blocks(knobs.gen_length, L)):
-        if blocks:
-            encode_ids(model, cache, blocks[-1])
-        start = cache.get_seq_length()
-        positions = torch.arange(start, start + L, device=device).unsqueeze(0)
-        canvas = torch.randint(0, vocab, (1, L), device=device, generator=generator)
-        mask = decoder.create_diffusion_decoder_attention_mask(
-            config=config, inputs_embeds=torch.empty((1, L, 0), device=device),
-            decoder_attention_mask=torch.ones((1, start + L), dtype=torch.bool, device=device),
-            **{mask_kw: cache})
-        self_cond = None
-        frozen = torch.zeros(1, dtype=torch.bool, device=device)
-        argmax = canvas
-        history = torch.full((STABILITY_STEPS, 1, L), -1, dtype=torch.long, device=device)
-        stopped = False
+    blocks = BlockDecoder(model, cache)
+    scheduler.set_timesteps(n_steps, device=blocks.device)
+    eos = torch.tensor(eos_ids, device=blocks.device)
+    done: list[torch.Tensor] = []
+    for block in range(num_blocks(knobs.gen_length, blocks.L)):
+        if done:
+            encode_ids(model, cache, done[-1])
+        canvas = blocks.start_block(generator)
+        stop, self_cond, stopped = AdaptiveStop(knobs.confidence, canvas, blocks.device), None, False
         for step in range(n_steps):
             if should_cancel is not None and should_cancel():
-                raise Cancelled(done)
-            logits = model(decoder_input_ids=canvas, self_conditioning_logits=self_cond,
-                           decoder_attention_mask=mask, decoder_position_ids=positions,
-                           **{model_kw: cache}).logits
-            out = scheduler.step(logits.to(device), step, canvas, generator=generator)
-            del logits
-            canvas, self_cond = out.prev_sample, out.pred_logits
+                raise Cancelled(len(recorder))
+            out = scheduler.step(blocks.logits(canvas, self_cond).to(blocks.device), step, canvas,
+                                 generator=generator)
+            self_cond = out.pred_logits
             entropy = torch.distributions.Categorical(logits=self_cond.float()).entropy()
-            if knobs.confidence > 0:
-                # Freeze once the argmax is stable and confident, and commit the argmax.
-                nxt = torch.where(frozen[:, None], argmax, self_cond.argmax(dim=-1))
-                stable = (history == nxt[None]).all(dim=-1).all(dim=0)
-                history = torch.roll(history, shifts=-1, dims=0)
-                history[-1] = nxt
-                frozen = frozen | (stable & (entropy.mean(-1) < knobs.confidence))
-                argmax = nxt
-                canvas = torch.where(frozen[:, None], argmax, canvas)
-                stopped = bool(frozen.all())
-            frame = recorder.add(block, step, canvas, out.accepted_index, entropy)
-            done += 1
+            canvas, committed, stopped = stop.apply(out.prev_sample, self_cond, entropy)
+            frame = recorder.add(block, step, canvas, out.accepted_index, committed, entropy)
             if on_frame is not None:
                 on_frame(frame)
             if stopped:
                 break
         del self_cond
-        recorder.stopped_early.append(stopped)
-        blocks.append(canvas)
+        recorder.end_block(stopped)
+        done.append(canvas)
         if torch.isin(canvas, eos).any():
             break
     if encode_last:
-        encode_ids(model, cache, blocks[-1])
-    return torch.cat(blocks, dim=-1)
+        encode_ids(model, cache, done[-1])
+    return torch.cat(done, dim=-1)

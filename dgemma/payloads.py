@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
+from .errors import InputError
 from .knobs import Knobs
 
 
@@ -27,6 +28,11 @@ class DGemmaModel:
         return int(self.model.config.canvas_length)
 
     @property
+    def max_positions(self) -> int:
+        """Positions the model can attend over: context, turn and every generated block."""
+        return int(self.model.config.get_text_config(decoder=True).max_position_embeddings)
+
+    @property
     def vocab_size(self) -> int:
         return int(self.model.config.get_text_config(decoder=True).vocab_size)
 
@@ -47,6 +53,12 @@ class DGemmaModel:
         return {"model_source": self.source, "quant": self.quant, "device": self.device, "dtype": self.dtype}
 
 
+def check_model(dm) -> None:
+    if not isinstance(dm, DGemmaModel):
+        raise InputError("model", f"model must be a loaded DiffusionGemma model, got {type(dm).__name__}; "
+                                  "load one with load_model")
+
+
 @dataclass(frozen=True)
 class CanvasState:
     """The honesty readout of a run. `committed_fraction` reads the last step of the last block."""
@@ -62,6 +74,7 @@ class CanvasState:
     committed_fraction: float
     steps_used: int                # steps executed, all blocks together
     blocks: int
+    run_id: str = field(default="", compare=False)  # the same id as the run's trace and config
 
     @property
     def finished_honestly(self) -> bool:
@@ -83,8 +96,9 @@ class RunConfig:
     device: str
     dtype: str
     context: dict | None = field(default=None)  # provenance summary of an injected KV cache
+    run_id: str = field(default="", compare=False)
 
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
                 "quant": self.quant, "device": self.device, "dtype": self.dtype,
-                "context": self.context}
+                "context": self.context, "run_id": self.run_id}

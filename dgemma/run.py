@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import torch
 
 from .cache import encode_ids, input_device, new_cache
-from .context import mint
+from .context import KVCache, mint
+from .errors import InputError
 from .excision import excise, thought_text
 from .knobs import Knobs
-from .loop import denoise_blocks
-from .payloads import CanvasState, DGemmaModel, RunConfig
-from .tokens import prompt_ids
+from .loop import denoise_blocks, num_blocks
+from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
+from .seeding import make_generator
+from .tokens import check_text, prompt_ids
 from .trace import CanvasTrace, Frame, Recorder
+
+MAX_TURN_TOKENS = 8192  # the turn is encoded in one forward; longer text belongs in a KV context
 
 
 @dataclass(frozen=True)
 class RunResult:
+    """What `generate` returns: the answer, its honesty readout, every step, and the run's config."""
+
     text: str
     state: CanvasState
     trace: CanvasTrace
@@ -28,17 +34,35 @@ class RunResult:
 
 
 def check_inputs(dm, prompt, knobs, context) -> None:
-    if not isinstance(dm, DGemmaModel):
-        raise ValueError(f"model must be a loaded DiffusionGemma model (from DGemmaLoader), got {type(dm).__name__}")
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
+    """Every check that needs no model work: types, emptiness, the cache's fit."""
+    check_model(dm)
+    check_text("prompt", prompt)
     if not isinstance(knobs, Knobs):
-        raise ValueError(f"knobs must be a Knobs, got {type(knobs).__name__}")
+        raise InputError("knobs", f"knobs must be a Knobs, got {type(knobs).__name__}")
+    if context is not None and not isinstance(context, KVCache):
+        raise InputError("context", f"the KV context must be an encoded context, got {type(context).__name__}; "
+                                    "encode one with encode_context")
     if context is None and not prompt.strip():
-        raise ValueError("prompt is empty; type a prompt, or wire a kv_cache from DGemmaEncode for a "
-                         "pure-injection run")
+        raise InputError("prompt", "prompt is empty; type a prompt, or give an encoded KV context for a "
+                                   "pure-injection run")
     if context is not None:
         context.check_model(dm)
+
+
+def turn_ids(dm, prompt: str, knobs: Knobs, context) -> list[int]:
+    """The turn's ids, refused when it or the whole run exceeds what the model can take."""
+    turn = prompt_ids(dm, prompt, knobs.thinking, with_bos=context is None) if prompt.strip() else []
+    if len(turn) > MAX_TURN_TOKENS:
+        raise InputError("prompt", f"prompt is {len(turn)} tokens, over the limit of {MAX_TURN_TOKENS} for a "
+                                   "turn; shorten it, or encode the long part as a KV context")
+    held = (context.length if context is not None else 0) + len(turn)
+    total = held + num_blocks(knobs.gen_length, dm.canvas_length) * dm.canvas_length
+    limit = dm.max_positions
+    if total > limit:
+        raise InputError("gen_length", f"gen_length {knobs.gen_length} after {held} tokens of context and turn "
+                                       f"needs {total} positions, over the model's {limit}; lower gen_length "
+                                       "or shorten the input")
+    return turn
 
 
 def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None,
@@ -50,19 +74,20 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     carries a new context holding context + turn + every generated block.
     """
     check_inputs(dm, prompt, knobs, context)
+    turn = turn_ids(dm, prompt, knobs, context)
     model = dm.model
     cache = context.fork_for(dm) if context is not None else new_cache(model)
-    turn = prompt_ids(dm, prompt, knobs.thinking, with_bos=context is None) if prompt.strip() else []
     if turn:
         encode_ids(model, cache, turn)
-    generator = torch.Generator(device=input_device(model)).manual_seed(knobs.seed)
-    recorder = Recorder(knobs, dm.canvas_length)
+    generator = make_generator(knobs.seed, input_device(model))
+    recorder = Recorder(knobs, dm.canvas_length, dm.token_strings)
     sequence = denoise_blocks(model, cache, knobs, generator, dm.eos_ids, recorder, on_frame=on_frame,
                               should_cancel=should_cancel, encode_last=advance_context)
     summary = context.summary() if context is not None else None
-    trace = recorder.finish(context=summary)
+    run_id = uuid.uuid4().hex
+    trace = recorder.finish(context=summary, run_id=run_id)
     state = read_state(dm, sequence[0].tolist(), trace)
-    config = RunConfig(prompt=prompt, knobs=knobs, context=summary, **dm.describe())
+    config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, **dm.describe())
     advanced = None
     if advance_context:
         held = turn + list(state.raw_ids)
@@ -82,4 +107,4 @@ def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace) -> Canva
         text=text, raw_ids=tuple(raw_ids), answer_ids=cut.answer, thought=thought_text(dm.tokenizer, cut.thoughts),
         turn_closed=cut.turn_closed, answer_tokens=len(cut.answer), stray_thought_delimiter=cut.stray_delimiter,
         converged=converged, committed_fraction=float(accepted[-1].mean()) if len(trace) else 0.0,
-        steps_used=len(trace), blocks=trace.num_blocks)
+        steps_used=len(trace), blocks=trace.num_blocks, run_id=trace.run_id)

@@ -1,19 +1,24 @@
 """Run logs: `dg-runlog/1` JSON Lines (a header, one frame record per step, a final record).
 
-Files are saved through `outfiles.save_new`: whole or not at all, numbered, inside the output folder.
+Files are saved through `outfiles.save_new`: whole or not at all, numbered, inside the output
+folder. A log carries what replaying its frames needs (per-position token text, the committed
+mask, what the adaptive stop committed), so `replay` rebuilds a trace that paints identically.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+from .errors import InputError, require_type
+from .knobs import KNOBS, Knobs
 from .outfiles import save_new
+from .payloads import CanvasState, RunConfig
+from .trace import CanvasTrace
 
 SCHEMA = "dg-runlog/1"
 _ROOT = Path(__file__).resolve().parents[1]
@@ -27,13 +32,39 @@ def pack_version() -> str:
     return match.group(1) if match else "unknown"
 
 
-def records(trace, config, state, frames_text) -> list[dict]:
+def check_one_run(trace, config, state, frames_text) -> None:
+    """Refuse a trace, config, state and frames that do not come from the same run."""
+    require_type("canvas_trace", trace, CanvasTrace, "the trace of a run")
+    require_type("run_config", config, RunConfig, "the config of a run")
+    require_type("canvas_state", state, CanvasState, "the readout of a run")
+    if not all(isinstance(t, str) for t in frames_text):
+        raise InputError("frames", "frames must be the list of texts of a run's steps")
+    ids = {"canvas_trace": trace.run_id, "run_config": config.run_id, "canvas_state": state.run_id}
+    if len(set(ids.values())) != 1:
+        raise InputError("run_config", f"the trace, config and state come from different runs (run ids {ids}); "
+                                       "give all of them from one run")
     if len(frames_text) != len(trace):
-        raise ValueError(f"frames has {len(frames_text)} entries but canvas_trace has {len(trace)} steps; "
-                         "wire frames and canvas_trace from the same sampler node")
+        raise InputError("frames", f"frames has {len(frames_text)} entries but the trace has {len(trace)} steps; "
+                                   "give the frames of the same run")
+
+
+def _frame_record(frame, text: str, token_strings) -> dict:
+    ent = frame.entropy.astype(np.float32)
+    return {
+        "record_type": "frame", "block": frame.block, "step": frame.step, "t": frame.t,
+        "temperature": frame.temperature, "committed_fraction": frame.committed_fraction,
+        "entropy_summary": {"mean": float(ent.mean()), "min": float(ent.min()), "max": float(ent.max())},
+        "decoded_text": text, "canvas_ids": frame.ids.tolist(), "accepted": frame.accepted.astype(int).tolist(),
+        "stop_committed": np.flatnonzero(frame.stop).tolist(),
+        "tokens": [token_strings[i] for i in frame.ids.tolist()],
+    }
+
+
+def records(trace, config, state, frames_text) -> list[dict]:
+    check_one_run(trace, config, state, frames_text)
     k = config.knobs
     header = {
-        "record_type": "header", "schema": SCHEMA, "pack_version": pack_version(), "run_id": uuid.uuid4().hex,
+        "record_type": "header", "schema": SCHEMA, "pack_version": pack_version(), "run_id": trace.run_id,
         "timestamp_utc": datetime.now(timezone.utc).isoformat(), "prompt": config.prompt,
         "model_source": config.model_source, "seed": k.seed,
         "num_inference_steps_requested": k.num_inference_steps,
@@ -43,16 +74,10 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "scheduler_config": trace.scheduler_config, "quant": config.quant, "device": config.device,
         "dtype": config.dtype, "canvas_length": trace.canvas_length,
         "injection_present": config.context is not None, "injected_cache_provenance": config.context,
+        "block_stopped_early": list(trace.block_stopped_early),
     }
     out = [header]
-    for frame, text in zip(trace.frames(), frames_text):
-        ent = frame.entropy.astype(np.float32)
-        out.append({
-            "record_type": "frame", "block": frame.block, "step": frame.step, "t": frame.t,
-            "temperature": frame.temperature, "committed_fraction": frame.committed_fraction,
-            "entropy_summary": {"mean": float(ent.mean()), "min": float(ent.min()), "max": float(ent.max())},
-            "decoded_text": text, "canvas_ids": frame.ids.tolist(), "accepted": frame.accepted.astype(int).tolist(),
-        })
+    out += [_frame_record(f, text, trace.token_strings) for f, text in zip(trace.frames(), frames_text)]
     out.append({"record_type": "final", "raw_ids": list(state.raw_ids), "steps_used": state.steps_used,
                 "text": state.text, "converged": state.converged, "committed_fraction": state.committed_fraction,
                 "turn_closed": state.turn_closed, "answer_tokens": state.answer_tokens, "thought": state.thought,
@@ -68,3 +93,49 @@ def write_jsonl(rows: list[dict], output_dir: Path, prefix: str) -> Path:
             fh.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
 
     return save_new(output_dir, prefix, ".jsonl", write)
+
+
+def read_log(path: Path) -> tuple[dict, list[dict]]:
+    """The header and the frame records of a run log; other schemas are refused with the fix."""
+    header, frames = None, []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n} is not JSON ({e.msg}); is this a run log (.jsonl)?") from None
+            kind = record.get("record_type") if isinstance(record, dict) else None
+            if kind == "header":
+                header = record
+            elif kind == "frame":
+                frames.append(record)
+    if header is None or header.get("schema") != SCHEMA:
+        got = None if header is None else header.get("schema")
+        raise ValueError(f"{path} has no {SCHEMA} header (schema {got!r}); write it with the run log writer")
+    if not frames or not all(isinstance(f.get("tokens"), list) for f in frames):
+        raise ValueError(f"{path} has no frame records with per-position tokens; it logged no steps, or was "
+                         "written by an older version of the pack")
+    return header, frames
+
+
+def replay(header: dict, frames: list[dict]) -> CanvasTrace:
+    """The trace a run log records, enough to paint its frames exactly as the run did."""
+    L = int(header["canvas_length"])
+    strings: dict[int, str] = {}
+    for f in frames:
+        strings.update(zip(f["canvas_ids"], f["tokens"]))
+    stop = np.zeros((len(frames), L), bool)
+    for row, f in zip(stop, frames):
+        row[f.get("stop_committed", [])] = True
+    values = {**header, "num_inference_steps": header["num_inference_steps_requested"]}
+    knobs = Knobs(**{name: values[name] for name in KNOBS})
+    column = lambda key, dtype: np.array([f[key] for f in frames], dtype)
+    return CanvasTrace(
+        knobs=knobs, canvas_length=L, blocks=column("block", np.int16), steps=column("step", np.int16),
+        ids=column("canvas_ids", np.int32), accepted_bits=np.packbits(column("accepted", bool), axis=1),
+        entropy=np.zeros((len(frames), L), np.float16), scheduler_name=header.get("scheduler_name", ""),
+        context=header.get("injected_cache_provenance"),
+        block_stopped_early=tuple(header.get("block_stopped_early", ())),
+        stop_bits=np.packbits(stop, axis=1), run_id=header.get("run_id", ""), token_strings=strings)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import InputError
+
 _BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 REPLACEMENT = "\ufffd"
 
@@ -36,19 +38,50 @@ def _renderer(tokenizer, processor):
     return processor if getattr(processor, "chat_template", None) else tokenizer
 
 
+# A private-use character no chat template emits: marks where the user's text goes.
+_SLOT = "\ue000"
+
+
+def check_text(name: str, text) -> str:
+    """Refuse text that is not a str or cannot be encoded as UTF-8 (lone surrogates)."""
+    if not isinstance(text, str):
+        raise InputError(name, f"{name} must be text, got {type(text).__name__}; give a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InputError(name, f"{name} holds {text[err.start:err.end]!r} at character {err.start}, which is not "
+                               "valid Unicode text (a lone surrogate); remove it or paste the text again") from None
+    return text
+
+
+def literal_ids(tokenizer, text: str) -> list[int]:
+    """User text as text: strings such as "<turn|>" stay characters and never become control ids."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
 def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True) -> list[int]:
-    """The chat-templated user turn plus generation prompt, through the model's own template."""
-    encoded = _renderer(dm.tokenizer, dm.processor).apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
-        return_dict=True, enable_thinking=thinking)
-    ids = encoded["input_ids"]
-    ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)
-    bos = dm.tokenizer.bos_token_id
-    if not with_bos and ids and ids[0] == bos:
+    """The chat-templated user turn plus generation prompt, through the model's own template.
+
+    Only the template adds control tokens: it is rendered around a slot, and the prompt is
+    tokenized into the slot as literal text (stripped where the template trims it).
+    """
+    rendered = _renderer(dm.tokenizer, dm.processor).apply_chat_template(
+        [{"role": "user", "content": f" {_SLOT} "}], add_generation_prompt=True, tokenize=False,
+        enable_thinking=thinking)
+    if rendered.count(_SLOT) != 1:
+        raise ValueError("the model's chat template does not place the user's text exactly once; "
+                         "check the checkpoint's chat_template")
+    padded = f" {_SLOT} " in rendered
+    before, after = rendered.split(f" {_SLOT} " if padded else _SLOT)
+    text = prompt if padded else prompt.strip()
+    tok = dm.tokenizer
+    ids = tok.encode(before, add_special_tokens=False) + literal_ids(tok, text) + tok.encode(
+        after, add_special_tokens=False)
+    if not with_bos and ids and ids[0] == tok.bos_token_id:
         ids = ids[1:]
     return ids
 
 
 def context_ids(dm, text: str) -> list[int]:
     """Raw context with no chat framing; it opens the sequence, so it carries the only BOS."""
-    return [dm.tokenizer.bos_token_id] + list(dm.tokenizer.encode(text, add_special_tokens=False))
+    return [dm.tokenizer.bos_token_id] + literal_ids(dm.tokenizer, text)

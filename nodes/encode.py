@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..dgemma.context import encode_context
 from . import host
-from .schema import CATEGORY, KV_CACHE, model_input
+from .schema import CATEGORY, KV_CACHE, comfy_hints, model_input
 
 
 class DGemmaEncode:
@@ -32,4 +32,5 @@ class DGemmaEncode:
         }
 
     def encode(self, model, text, kv_cache=None):
-        return (encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt),)
+        with comfy_hints():
+            return (encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt),)

@@ -1,20 +1,20 @@
-"""Websocket payloads of the live view: one `dgemma.start` per run, one `dgemma.step` per step.
+"""Websocket payloads of the live view, built in one place: `StepStream`.
 
-A step carries the canvas itself as short per-position strings plus one state character per
-position, so the page can paint the text as it anneals: "0" noise (renoised this step), "1" newly
-accepted, "2" accepted again with the same token as the step before (settled).
+One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per step, one
+`dgemma.done` at the end with status "done", "error" or "interrupted". A step carries the canvas
+as short per-position strings plus one state digit per position by the engine's one rule
+(dgemma/states.py): "0" noise, "1" new, "2" settled; the start event carries the palette.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..dgemma.states import hex_palette, position_states
+
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
-
-
-def start_event(node: str, blocks: int, steps: int, canvas_length: int) -> dict:
-    return {"node": node, "blocks": blocks, "steps": steps, "canvas_length": canvas_length}
+MAX_TEXT = 2000
 
 
 def _piece(text: str) -> str:
@@ -22,23 +22,43 @@ def _piece(text: str) -> str:
 
 
 def step_states(frame, previous) -> str:
-    """Per-position state characters; `previous` is the frame before in the same block, or None."""
-    states = np.where(frame.accepted, 1, 0)
-    if previous is not None:
-        settled = frame.accepted & previous.accepted & (frame.ids == previous.ids)
-        states[settled] = 2
-    return "".join("012"[s] for s in states)
+    """State digits of `frame`; `previous` is the step before in the same run, or None."""
+    rows = [frame] if previous is None else [previous, frame]
+    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.accepted for f in rows]),
+                             np.array([f.block for f in rows]))[-1]
+    return "".join(map(str, states.tolist()))
 
 
-def step_event(node: str, frame, previous, token_strings, blocks: int, steps: int) -> dict:
-    return {
-        "node": node, "block": frame.block, "step": frame.step, "blocks": blocks, "steps": steps,
-        "t": round(frame.t, 6), "T": round(frame.temperature, 6),
-        "committed": round(frame.committed_fraction, 6),
-        "tokens": [_piece(token_strings[i]) for i in frame.ids.tolist()],
-        "state": step_states(frame, previous),
-    }
+class StepStream:
+    """The events of one node's run, in order; feed it every frame the engine reports."""
 
+    def __init__(self, node: str, blocks: int, steps: int, canvas_length: int, token_strings):
+        self.node, self.blocks, self.steps, self.canvas_length = node, blocks, steps, canvas_length
+        self.token_strings = token_strings
+        self.previous = None
+        self.count = 0  # steps sent, all blocks together
 
-def done_event(node: str, steps_used: int, text: str) -> dict:
-    return {"node": node, "steps_used": steps_used, "text": text[:2000]}
+    def start(self) -> dict:
+        return {"node": self.node, "blocks": self.blocks, "steps": self.steps,
+                "canvas_length": self.canvas_length, "palette": hex_palette()}
+
+    def step(self, frame) -> dict:
+        event = {
+            "node": self.node, "block": frame.block, "step": frame.step, "blocks": self.blocks,
+            "steps": self.steps, "t": round(frame.t, 6), "T": round(frame.temperature, 6),
+            "committed": round(frame.committed_fraction, 6),
+            "tokens": [_piece(self.token_strings[i]) for i in frame.ids.tolist()],
+            "state": step_states(frame, self.previous),
+        }
+        self.previous = frame
+        self.count += 1
+        return event
+
+    def done(self, steps_used: int, text: str) -> dict:
+        return {"node": self.node, "status": "done", "steps_used": steps_used, "text": text[:MAX_TEXT]}
+
+    def failed(self, error: BaseException) -> dict:
+        """The end of a run that raised: interrupted by the user, or an error with its message."""
+        interrupted = "Interrupt" in type(error).__name__ or type(error).__name__ == "Cancelled"
+        return {"node": self.node, "status": "interrupted" if interrupted else "error",
+                "message": str(error)[:MAX_TEXT], "steps_used": self.count}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..dgemma.runlog import records, write_jsonl
 from . import host
-from .schema import CANVAS_STATE, CANVAS_TRACE, CATEGORY, RUN_CONFIG
+from .schema import CANVAS_STATE, CANVAS_TRACE, CATEGORY, RUN_CONFIG, comfy_hints
 
 
 class DGemmaRunLogWriter:
@@ -33,6 +33,7 @@ class DGemmaRunLogWriter:
         }
 
     def write(self, canvas_trace, run_config, frames, canvas_state, filename_prefix):
-        rows = records(canvas_trace[0], run_config[0], canvas_state[0], list(frames))
+        with comfy_hints():
+            rows = records(canvas_trace[0], run_config[0], canvas_state[0], list(frames))
         path = str(write_jsonl(rows, host.output_dir(), filename_prefix[0]))
         return {"ui": {"text": [path]}, "result": (path,)}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..dgemma.images import render_images
-from ..dgemma.knobs import Knobs
+from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
-from ..dgemma.run import generate
+from ..dgemma.run import check_inputs, generate
 from ..dgemma.tokens import frame_texts
-from . import events, host
-from .schema import CATEGORY, KV_CACHE, SAMPLER_OUTPUTS, knob_inputs, model_input
+from . import host
+from .events import DONE, START, STEP, StepStream
+from .schema import CATEGORY, KV_CACHE, SAMPLER_OUTPUTS, comfy_hints, knob_inputs, model_input, output_spec
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
 TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before decoding. Leave it empty with "
@@ -17,28 +18,33 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
 
 def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
-    knobs = Knobs(**knobs)
-    node = str(node_id) if node_id is not None else ""
+    with comfy_hints():
+        knobs = knobs_from(knobs)
+        check_inputs(model, prompt, knobs, kv_cache)  # before the view resets: a refusal leaves it as it was
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
+    stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
+                        model.token_strings)
     bar = host.Progress(blocks * steps, node_id)
     live = host.live()
     if live:
-        host.send(events.START, events.start_event(node, blocks, steps, model.canvas_length))
-    previous = None
+        host.send(START, stream.start())
 
     def on_frame(frame):
-        nonlocal previous
         if live:
-            before = previous if previous is not None and previous.block == frame.block else None
-            host.send(events.STEP, events.step_event(node, frame, before, model.token_strings, blocks, steps))
+            host.send(STEP, stream.step(frame))
         bar.to(frame.block * steps + frame.step + 1)
-        previous = frame
 
-    result = generate(model, prompt, knobs, context=kv_cache, on_frame=on_frame,
-                      should_cancel=host.check_interrupt, advance_context=advance)
+    try:
+        with comfy_hints():
+            result = generate(model, prompt, knobs, context=kv_cache, on_frame=on_frame,
+                              should_cancel=host.check_interrupt, advance_context=advance)
+    except BaseException as err:
+        if live:
+            host.send(DONE, stream.failed(err))
+        raise
     bar.to(blocks * steps)
     if live:
-        host.send(events.DONE, events.done_event(node, result.state.steps_used, result.text))
+        host.send(DONE, stream.done(result.state.steps_used, result.text))
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
                render_images(result.trace, model.token_strings), result.config)
     return outputs + ((result.context,) if advance else ())
@@ -47,10 +53,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
 class DGemmaSampler:
     CATEGORY = CATEGORY
     FUNCTION = "sample"
-    RETURN_TYPES = tuple(t for t, _, _ in SAMPLER_OUTPUTS)
-    RETURN_NAMES = tuple(n for _, n, _ in SAMPLER_OUTPUTS)
-    OUTPUT_TOOLTIPS = tuple(d for _, _, d in SAMPLER_OUTPUTS)
-    OUTPUT_IS_LIST = (False, False, False, True, False, False)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
                    "noise and the lowest-entropy positions are accepted step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
@@ -69,13 +72,14 @@ class DGemmaSampler:
         return run_node(unique_id, model, prompt, **knobs)
 
 
+DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
+    (KV_CACHE, "kv_cache", "The context advanced by this run: kv_cache + turn + every generated block (the input "
+                           "is unchanged).", False),)
+
+
 class DGemmaDenoise(DGemmaSampler):
     FUNCTION = "denoise"
-    RETURN_TYPES = DGemmaSampler.RETURN_TYPES + (KV_CACHE,)
-    RETURN_NAMES = DGemmaSampler.RETURN_NAMES + ("kv_cache",)
-    OUTPUT_TOOLTIPS = DGemmaSampler.OUTPUT_TOOLTIPS + (
-        "The context advanced by this run: kv_cache + turn + every generated block (the input is unchanged).",)
-    OUTPUT_IS_LIST = DGemmaSampler.OUTPUT_IS_LIST + (False,)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(DENOISE_OUTPUTS)
     DESCRIPTION = ("DGemmaSampler with an optional kv_cache from DGemmaEncode. prompt is the TURN, kv_cache is "
                    "CONTEXT: both wired is a composed run (the turn is prefilled after the context), an empty "
                    "prompt is pure injection, no cache is exactly the Sampler. Works for any gen_length; the "

@@ -1,7 +1,10 @@
-"""Socket types and widget specs shared by the nodes, built from the engine's knob table."""
+"""Socket types, widget specs and error hints shared by the nodes, built from the engine's tables."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+from ..dgemma.errors import InputError
 from ..dgemma.knobs import KNOBS
 
 CATEGORY = "DiffusionGemma"
@@ -15,7 +18,7 @@ _WIDGET = {int: "INT", float: "FLOAT", bool: "BOOLEAN"}
 
 
 def knob_inputs() -> dict:
-    """The Sampler's ten widgets after model and prompt, with the engine's ranges."""
+    """The Sampler's knob widgets (one per entry of the engine's KNOBS), with its ranges."""
     inputs = {}
     for name, spec in KNOBS.items():
         options = {"default": spec.default, "tooltip": spec.tooltip}
@@ -29,15 +32,45 @@ def knob_inputs() -> dict:
     return inputs
 
 
+# (type, name, tooltip, is a list)
 SAMPLER_OUTPUTS = (
-    ("STRING", "text", "The answer: thought channel cut out on ids, ended at the first EOS."),
+    ("STRING", "text", "The answer: thought channel cut out on ids, ended at the first EOS.", False),
     (CANVAS_STATE, "canvas_state", "Honesty readout: turn_closed, answer_tokens, thought, converged, "
-                                   "committed_fraction (last step of the last block), steps_used."),
-    (CANVAS_TRACE, "canvas_trace", "Every executed step: canvas ids, accepted mask, entropy (nats of logits / T)."),
-    ("STRING", "frames", "One text per step: the raw canvas, thought channel included (a list)."),
-    ("IMAGE", "images", "The steps as one image batch (B,H,W,3); wire it to Video Combine for a GIF."),
-    (RUN_CONFIG, "run_config", "The knobs and model of this run, for DGemmaRunLogWriter."),
+                                   "committed_fraction (last step of the last block), steps_used.", False),
+    (CANVAS_TRACE, "canvas_trace", "Every executed step: canvas ids, committed mask (the scheduler's, plus what "
+                                   "the adaptive stop committed), entropy (nats of logits / T).", False),
+    ("STRING", "frames", "One text per step: the raw canvas, thought channel included (a list).", True),
+    ("IMAGE", "images", "The steps as one image batch (B,H,W,3); wire it to Video Combine for a GIF.", False),
+    (RUN_CONFIG, "run_config", "The knobs and model of this run, for DGemmaRunLogWriter.", False),
 )
+
+
+def output_spec(outputs) -> tuple[tuple, tuple, tuple, tuple]:
+    """(RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST) from one table."""
+    return tuple(zip(*outputs))
+
+
+# What to wire in ComfyUI, by the engine's name of a bad input.
+HINTS = {
+    "model": "wire the model output of a DGemmaLoader node",
+    "context": "wire a kv_cache from a DGemmaEncode node that used this model",
+    "canvas_trace": "wire the canvas_trace output of a DGemmaSampler or DGemmaDenoise node",
+    "canvas_state": "wire canvas_trace, run_config, frames and canvas_state from the same sampler node",
+    "run_config": "wire canvas_trace, run_config, frames and canvas_state from the same sampler node",
+    "frames": "wire frames and canvas_trace from the same sampler node",
+}
+
+
+@contextmanager
+def comfy_hints():
+    """Add the ComfyUI wiring hint to an engine InputError raised inside the block."""
+    try:
+        yield
+    except InputError as err:
+        hint = HINTS.get(err.name)
+        if hint is None:
+            raise
+        raise InputError(err.name, f"{err} (in ComfyUI: {hint})") from None
 
 
 def model_input() -> tuple:

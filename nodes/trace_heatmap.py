@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .schema import CANVAS_TRACE, CATEGORY
+from ..dgemma.heatmap import CELL_PX_DEFAULT, CELL_PX_MAX, MODES, heatmap, summary
+from .schema import CANVAS_TRACE, CATEGORY, comfy_hints
 
 
 class DGemmaTrace:
@@ -23,15 +24,14 @@ class DGemmaTrace:
         return {
             "required": {
                 "canvas_trace": (CANVAS_TRACE, {"tooltip": "The canvas_trace output of a sampler node."}),
-                "mode": (["commit", "entropy"], {"default": "commit", "tooltip":
+                "mode": (list(MODES), {"default": MODES[0], "tooltip":
                          "commit: accepted (bright) vs renoised (dark) per step; entropy: nats of logits / T."}),
-                "cell_px": ("INT", {"default": 6, "min": 1, "max": 32, "step": 1, "tooltip":
+                "cell_px": ("INT", {"default": CELL_PX_DEFAULT, "min": 1, "max": CELL_PX_MAX, "step": 1, "tooltip":
                             "Pixels per cell (positions x steps), nearest-neighbour."}),
             },
         }
 
-    def render(self, canvas_trace, mode="commit", cell_px=6):
-        from ..dgemma.heatmap import heatmap, summary
-
-        image = heatmap(canvas_trace, mode, cell_px)
+    def render(self, canvas_trace, mode=MODES[0], cell_px=CELL_PX_DEFAULT):
+        with comfy_hints():
+            image = heatmap(canvas_trace, mode, cell_px)
         return (torch.from_numpy(image), summary(canvas_trace, mode))

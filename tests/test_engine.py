@@ -95,7 +95,7 @@ def test_cancel_stops_within_one_step(tiny_model):
     ("confidence", 1.5, "confidence must be between 0"),
     ("seed", -1, "seed must be between 0"),
     ("seed", 2**64, "seed must be between 0"),
-    ("seed", 1.5, "seed must be a int"),
+    ("seed", 1.5, "seed must be an int"),
     ("thinking", "yes", "thinking must be true or false"),
     ("t_max", 0.0, "t_max must be above 0"),
 ])

@@ -7,6 +7,7 @@ import pytest
 
 from diffusiongemma.dgemma import CanvasTrace, Knobs
 from diffusiongemma.dgemma import heatmap as hm
+from diffusiongemma.dgemma.states import NEW, NOISE, PALETTE, SETTLED
 
 
 def trace_of(accepted, entropy=None, blocks=None, stopped=(False, True)) -> CanvasTrace:
@@ -31,13 +32,13 @@ def test_commit_heatmap_reads_the_accepted_mask_with_block_separator():
     assert image.min() >= 0 and image.max() <= 1
     cells = np.rint(image[0, ::3, ::3] * 255).astype(int)  # one pixel per cell
     c = lambda colour: list(colour)
-    assert cells[0].tolist() == [c(hm.NEW_COLOUR)] + [c(hm.REJECTED)] * 3
-    assert cells[1].tolist() == [c(hm.HELD_COLOUR), c(hm.NEW_COLOUR)] + [c(hm.REJECTED)] * 2
-    assert cells[2].tolist() == [c(hm.HELD_COLOUR)] * 2 + [c(hm.NEW_COLOUR)] * 2
+    assert cells[0].tolist() == [c(PALETTE[NEW])] + [c(PALETTE[NOISE])] * 3
+    assert cells[1].tolist() == [c(PALETTE[SETTLED]), c(PALETTE[NEW])] + [c(PALETTE[NOISE])] * 2
+    assert cells[2].tolist() == [c(PALETTE[SETTLED])] * 2 + [c(PALETTE[NEW])] * 2
     assert cells[3].tolist() == [c(hm.SEPARATOR)] * 4
     # A new block starts fresh: what the previous block accepted does not count as held.
-    assert cells[4].tolist() == [c(hm.REJECTED), c(hm.NEW_COLOUR)] + [c(hm.REJECTED)] * 2
-    assert cells[5].tolist() == [c(hm.NEW_COLOUR), c(hm.HELD_COLOUR), c(hm.REJECTED), c(hm.NEW_COLOUR)]
+    assert cells[4].tolist() == [c(PALETTE[NOISE]), c(PALETTE[NEW])] + [c(PALETTE[NOISE])] * 2
+    assert cells[5].tolist() == [c(PALETTE[NEW]), c(PALETTE[SETTLED]), c(PALETTE[NOISE]), c(PALETTE[NEW])]
     # Nearest-neighbour upscale: every cell is a flat cell_px square.
     assert (image[0, 3:6, 0:3] == image[0, 3, 0]).all()
 
@@ -69,4 +70,4 @@ def test_summary_is_readable_and_states_legend_and_scale():
     assert "block 1: 3 of 48 steps, no early stop" in text and "block 2: 2 of 48 steps, stopped early" in text
     assert " 25  50 100" in text and "mean entropy 1.000 nats" in text
     assert "0..12.48 nats" in text and "magenta row separates blocks" in text
-    assert "amber = newly accepted" in hm.summary(trace_of(MASK, blocks=BLOCKS), "commit")
+    assert "new (amber) = newly committed" in hm.summary(trace_of(MASK, blocks=BLOCKS), "commit")

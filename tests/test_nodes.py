@@ -114,8 +114,27 @@ def test_interrupt_stops_within_a_step_and_the_rerun_is_whole(tmp_path, demo):
         with pytest.raises(fakecomfy.InterruptProcessingException):
             call(Sampler, model=demo, prompt="What is 2+2?", **knobs)
         assert len(comfy.steps()) == 3
+        assert comfy.events[-1][:2] == ("dgemma.done", {"node": "17", "status": "interrupted",
+                                                       "message": "", "steps_used": 3})
         again, _ = call(Sampler, model=demo, prompt="What is 2+2?", **knobs)
     assert again[1] == full[1] and len(again[3]) == 10
+
+
+def test_a_refused_run_leaves_the_view_alone_and_a_failing_run_says_so(tmp_path, demo, monkeypatch):
+    with fakecomfy.installed(tmp_path) as comfy:
+        with pytest.raises(ValueError, match="prompt is empty"):
+            call(Sampler, model=demo, prompt="  ", **KNOBS)
+        assert comfy.events == []  # refused before the start event: the view keeps the last run
+        import diffusiongemma.dgemma.run as run
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("CUDA out of memory")
+
+        monkeypatch.setattr(run, "denoise_blocks", broken)
+        with pytest.raises(RuntimeError):
+            call(Sampler, model=demo, prompt="What is 2+2?", **KNOBS)
+    assert [e for e, _, _ in comfy.events] == ["dgemma.start", "dgemma.done"]
+    assert comfy.events[-1][1]["status"] == "error" and "CUDA out of memory" in comfy.events[-1][1]["message"]
 
 
 def test_encode_and_denoise_compose(demo):

@@ -13,9 +13,9 @@ from diffusiongemma.dgemma.tokens import frame_texts
 HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "prompt", "model_source", "seed",
           "num_inference_steps_requested", "num_inference_steps_effective", "gen_length", "t_min", "t_max",
           "entropy_bound", "confidence", "thinking", "scheduler_name", "scheduler_config", "quant", "device",
-          "dtype", "canvas_length", "injection_present", "injected_cache_provenance"}
+          "dtype", "canvas_length", "injection_present", "injected_cache_provenance", "block_stopped_early"}
 FRAME = {"record_type", "block", "step", "t", "temperature", "committed_fraction", "entropy_summary",
-         "decoded_text", "canvas_ids", "accepted"}
+         "decoded_text", "canvas_ids", "accepted", "stop_committed", "tokens"}
 FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed_fraction", "turn_closed",
          "answer_tokens", "thought", "stray_thought_delimiter", "finished_honestly"}
 
@@ -69,5 +69,5 @@ def test_prefixes_that_leave_the_output_folder_are_refused(run, tmp_path, prefix
 
 def test_frames_must_belong_to_the_trace(run):
     result, frames = run
-    with pytest.raises(ValueError, match="wire frames and canvas_trace from the same sampler"):
+    with pytest.raises(ValueError, match="frames has 18 entries but the trace has 19 steps; give the frames of the same run"):
         records(result.trace, result.config, result.state, frames[:-1])

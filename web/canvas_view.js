@@ -5,12 +5,13 @@
 //
 // It paints inside its own element: a header line (block · step · T · committed), the final
 // text of the blocks already finished, then the current canvas with one span per position,
-// styled by its state ("0" noise, "1" newly accepted, "2" settled). Model text only ever goes in
-// as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
+// styled by its state ("0" noise, "1" new, "2" settled) in the colours the start event carries
+// (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
 // animation frame, so hundreds of steps cost no more DOM than one.
 
 const STYLE_ID = "dgemma-live-view-style";
 const STATE_CLASS = { "0": "dg-noise", "1": "dg-new", "2": "dg-settled" };
+const PALETTE_VARS = { noise: "--dg-noise", new: "--dg-new", settled: "--dg-settled" };
 
 const CSS = `
 .dgemma-view { box-sizing: border-box; display: flex; flex-direction: column; width: 100%;
@@ -21,11 +22,14 @@ const CSS = `
 .dgemma-view .dg-body { flex: 1 1 auto; min-height: 0; overflow: auto; padding: 4px 6px;
   white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-all; }
 .dgemma-view .dg-prev { color: #c9ced6; }
-.dgemma-view .dg-noise { color: #5a616c; }
-.dgemma-view .dg-settled { color: #f2f2f2; }
-.dgemma-view .dg-new { color: #fff4c2; background: rgba(255, 190, 0, 0.32); border-radius: 2px; }
+.dgemma-view .dg-noise { color: var(--dg-noise); }
+.dgemma-view .dg-settled { color: var(--dg-settled); }
+.dgemma-view .dg-new { color: var(--dg-new); background: color-mix(in srgb, var(--dg-new) 22%, transparent);
+  border-radius: 2px; }
 .dgemma-view.dg-idle .dg-header { color: #6b7480; }
 .dgemma-view.dg-finished .dg-header { color: #8fd19e; }
+.dgemma-view.dg-error .dg-header { color: #ff8a80; }
+.dgemma-view.dg-interrupted .dg-header { color: #ffcc80; }
 `;
 
 function ensureStyle(doc) {
@@ -101,14 +105,26 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     }
     const blocks = last?.blocks ?? run?.blocks;
     const steps = last?.steps ?? run?.steps;
-    if (!last) {
-      setHeader(`block 1/${blocks ?? "?"} · starting · canvas ${run?.canvasLength ?? "?"}`);
+    if (doneEv?.status === "error") {
+      setHeader(`error: ${doneEv.message ?? "the run failed"}`);
       return;
     }
-    let text = `block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`
-      + ` · T=${num(last.T, 3)} · committed ${num((last.committed ?? 0) * 100, 0)}%`;
-    if (doneEv) text += ` · done, ${doneEv.steps_used ?? "?"} steps`;
-    setHeader(text);
+    if (!last) {
+      setHeader(doneEv?.status === "interrupted" ? "interrupted before the first step"
+        : `block 1/${blocks ?? "?"} · starting · canvas ${run?.canvasLength ?? "?"}`);
+      return;
+    }
+    const status = doneEv?.status ?? (doneEv ? "done" : null);
+    if (status === "done") {
+      setHeader(`done, ${doneEv.steps_used ?? "?"} steps · committed ${num((last.committed ?? 0) * 100, 0)}%`);
+      return;
+    }
+    if (status === "interrupted") {
+      setHeader(`interrupted at block ${last.block + 1} step ${last.step + 1}`);
+      return;
+    }
+    setHeader(`block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`
+      + ` · T=${num(last.T, 3)} · committed ${num((last.committed ?? 0) * 100, 0)}%`);
   }
 
   function paintCanvas() {
@@ -142,7 +158,11 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     stats.paints += 1;
     const stick = body.scrollTop + body.clientHeight >= body.scrollHeight - 8;
     root.classList.toggle("dg-idle", !run && !last);
-    root.classList.toggle("dg-finished", !!doneEv);
+    const status = doneEv ? doneEv.status ?? "done" : null;
+    root.classList.toggle("dg-finished", status === "done");
+    root.classList.toggle("dg-error", status === "error");
+    root.classList.toggle("dg-interrupted", status === "interrupted");
+    header.title = status === "error" ? String(doneEv.message ?? "") : "";
     const prevJoined = finished.join("");
     if (prevJoined !== shownPrev) { prevText.data = prevJoined; shownPrev = prevJoined; }
     paintCanvas();
@@ -164,6 +184,9 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       stats.events += 1;
       view.reset();
       run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
+      for (const [name, colour] of Object.entries(ev?.palette ?? {})) {
+        if (PALETTE_VARS[name] && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(PALETTE_VARS[name], colour);
+      }
     },
 
     step(ev) {

@@ -184,17 +184,18 @@ try {
     assertEq(p.noise, count("0"), "noise spans");
     assertEq(p.fresh, count("1"), "newly accepted spans");
     assertEq(p.settled, count("2"), "settled spans");
-    const want = `block ${lastStep.block + 1}/${START.blocks} · step ${lastStep.step + 1}/${START.steps}`;
-    assert(p.header.startsWith(want), `header ${JSON.stringify(p.header)} should start with ${want}`);
+    assert(p.header.startsWith(`done, ${DONE.steps_used} steps`), `header done: ${p.header}`);
     assert(p.header.includes(`committed ${Math.round(lastStep.committed * 100)}%`), `header committed: ${p.header}`);
-    assert(p.header.includes(`done, ${DONE.steps_used} steps`), `header done: ${p.header}`);
+    assert(p.header.length <= 40, `the done header must fit a default-width node: ${p.header}`);
     const style = await page.evaluate(() => ({
       ws: getComputedStyle(view.textElement).whiteSpace,
       noise: getComputedStyle(view.element.querySelector(".dg-noise")).color,
       settled: getComputedStyle(view.element.querySelector(".dg-settled")).color,
     }));
     assertEq(style.ws, "pre-wrap", "white-space of the text");
-    assert(style.noise !== style.settled, "noise and settled text must look different");
+    const rgb = (hex) => `rgb(${[1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)).join(", ")})`;
+    assertEq(style.noise, rgb(START.palette.noise), "noise colour from the engine's palette");
+    assertEq(style.settled, rgb(START.palette.settled), "settled colour from the engine's palette");
     await page.screenshot({ path: path.join(shotDir, "2-run-done.png") });
   });
 
@@ -205,6 +206,22 @@ try {
     assert(/starting/.test(p.header), `header after start: ${p.header}`);
     const q = await page.evaluate(async (step) => { view.step(step); await frames2(); return painted(view); }, STEPS[0]);
     assertEq(q.text, join(STEPS[0].tokens), "text of the new run's first step");
+  });
+
+  await check("(b2) an error and an interrupt are shown, and the next run recovers", async () => {
+    const shown = (done) => page.evaluate(async ({ start, steps, done }) => {
+      view.start(start); steps.forEach((s) => view.step(s)); view.done(done); await frames2();
+      return { ...painted(view), cls: view.element.className };
+    }, { start: START, steps: STEPS.slice(0, 2), done });
+    const err = await shown({ node: "7", status: "error", message: "prompt is empty; type a prompt", steps_used: 0 });
+    assert(err.header.startsWith("error: prompt is empty"), `error header: ${err.header}`);
+    assert(err.cls.includes("dg-error"), `error class: ${err.cls}`);
+    const cut = await shown({ node: "7", status: "interrupted", message: "", steps_used: 2 });
+    assertEq(cut.header, `interrupted at block 1 step ${STEPS[1].step + 1}`, "interrupted header");
+    assert(cut.cls.includes("dg-interrupted"), `interrupted class: ${cut.cls}`);
+    const again = await page.evaluate(async (events) => { feed(view, events); await frames2();
+      return { ...painted(view), cls: view.element.className }; }, EVENTS);
+    assert(again.header.startsWith("done,") && again.cls.includes("dg-finished"), `recovered: ${again.header}`);
   });
 
   await check("(c) markup in tokens is shown as literal text and never runs", async () => {

@@ -20,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 NODE = "7"
+PROMPT = "Write a short poem about rivers."
 
 
 def _conftest():
@@ -30,25 +31,18 @@ def _conftest():
 
 
 def record(dm, seed: int, steps: int, blocks: int, cold: bool) -> list[dict]:
+    """The events the Sampler node sends for this run, built by the node's own StepStream."""
     from diffusiongemma.dgemma import Knobs, generate
     from diffusiongemma.nodes import events
 
     temps = dict(t_max=0.05, t_min=0.01, entropy_bound=1.0) if cold else {}
     knobs = Knobs(seed=seed, num_inference_steps=steps, gen_length=blocks * dm.canvas_length,
                   confidence=0.0, **temps)
-    strings = dm.token_strings
-    out = [{"type": events.START, "data": events.start_event(NODE, blocks, steps, dm.canvas_length)}]
-    previous = [None]
-
-    def on_frame(frame):
-        before = previous[0] if previous[0] is not None and previous[0].block == frame.block else None
-        out.append({"type": events.STEP,
-                    "data": events.step_event(NODE, frame, before, strings, blocks, steps)})
-        previous[0] = frame
-
-    result = generate(dm, "Write a short poem about rivers.", knobs, on_frame=on_frame)
-    out.append({"type": events.DONE,
-                "data": events.done_event(NODE, result.state.steps_used, result.text)})
+    stream = events.StepStream(NODE, blocks, steps, dm.canvas_length, dm.token_strings)
+    out = [{"type": events.START, "data": stream.start()}]
+    result = generate(dm, PROMPT, knobs,
+                      on_frame=lambda frame: out.append({"type": events.STEP, "data": stream.step(frame)}))
+    out.append({"type": events.DONE, "data": stream.done(result.state.steps_used, result.text)})
     return out
 
 

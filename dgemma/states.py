@@ -1,0 +1,33 @@
+"""The one rule for a canvas position's state, and the one palette every view paints it with.
+
+noise: not committed after this step (the scheduler renoised it); new: committed now, but not
+committed with the same token at the block's previous step; settled: committed now and at the
+previous step with the same token. Events, frame images, heatmaps and run-log replays all read
+`position_states`, so the live view and the GIF never disagree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NOISE, NEW, SETTLED = 0, 1, 2
+NAMES = ("noise", "new", "settled")
+PALETTE = {NOISE: (96, 102, 118), NEW: (255, 190, 80), SETTLED: (232, 234, 238)}
+
+
+def position_states(ids: np.ndarray, committed: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """(S, L) uint8 states of consecutive steps; a block's first step has no previous step."""
+    ids, committed, blocks = np.asarray(ids), np.asarray(committed, bool), np.asarray(blocks)
+    held = np.zeros_like(committed)
+    if len(committed) > 1:
+        same_block = (blocks[1:] == blocks[:-1])[:, None]
+        held[1:] = committed[:-1] & same_block & (ids[1:] == ids[:-1])
+    states = np.full(committed.shape, NOISE, np.uint8)
+    states[committed] = NEW
+    states[committed & held] = SETTLED
+    return states
+
+
+def hex_palette() -> dict[str, str]:
+    """The palette as CSS colours by state name, for the browser."""
+    return {NAMES[s]: "#%02x%02x%02x" % rgb for s, rgb in PALETTE.items()}
