@@ -49,6 +49,26 @@ def check_quant(quant: str, config, source: str) -> None:
         _require_auto_round()
 
 
+def check_packed(config, names, source: str) -> None:
+    """Refuse a checkpoint whose tensors contradict its quantization_config (read from headers or the index).
+
+    An AutoRound config over plain weights would make auto-round swap in packed layers the files
+    cannot fill (random weights); packed tensors under a plain config would be dropped the same way.
+    """
+    if names is None:  # a hub id without a readable index: transformers' own load report still checks
+        return
+    method = quant_method(config)
+    packed = sorted(n for n in names if n.endswith(".qweight"))
+    if method == "auto-round" and not packed:
+        raise ValueError(f"config.json of {source!r} says quant_method 'auto-round' but its safetensors hold no "
+                         "packed .qweight tensors, so the weights are not quantized; download the AutoRound "
+                         "checkpoint again, or use the unquantized one with quant 'none'")
+    if method is None and packed:
+        raise ValueError(f"{source!r} holds {len(packed)} packed .qweight tensors (e.g. {packed[0]!r}) but its "
+                         "config.json has no quantization_config; download the checkpoint's config.json again "
+                         "(an AutoRound checkpoint loads with quant 'autoround')")
+
+
 def _require_auto_round() -> None:
     try:
         import auto_round  # noqa: F401
