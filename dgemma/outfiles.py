@@ -24,8 +24,11 @@ short = _repr.repr  # a prefix quoted in a message, cut so a huge one cannot flo
 
 def _check_prefix(prefix) -> list[str]:
     """The prefix's components, once it is text a file system can hold and stays inside."""
-    if not isinstance(prefix, str) or not prefix.strip():
-        raise ValueError(f"filename_prefix is empty ({short(prefix)}); give a name such as 'dgemma_run_log'")
+    if not isinstance(prefix, str):
+        raise ValueError(f"filename_prefix must be text, got {short(prefix)} ({type(prefix).__name__}); give a "
+                         "name such as 'dgemma_run_log'")
+    if not prefix.strip():
+        raise ValueError(f"filename_prefix is empty ({prefix!r}); give a name such as 'dgemma_run_log'")
     if "\0" in prefix:
         raise ValueError(f"filename_prefix {short(prefix)} contains a NUL character, which no file name can "
                          "hold; remove it")

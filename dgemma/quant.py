@@ -35,7 +35,7 @@ def quant_method(config) -> str | None:
 def check_quant(quant: str, config, source: str) -> None:
     """Refuse a quant mode that does not match the checkpoint, before any weight is read."""
     if quant not in QUANTS:
-        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}; pick one of those")
     method = quant_method(config)
     if quant == "none" and method is not None:
         raise ValueError(f"{source!r} is a {method} quantized checkpoint but quant is 'none'; set quant to "
