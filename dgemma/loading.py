@@ -110,7 +110,8 @@ def cancel_checks(should_cancel):
 
     transformers 5.x opens every shard lazily and materialises tensor by tensor, handing each one to
     core_model_loading.set_param_for_module; wrapping that module attribute for the length of our
-    call needs no edit of installed files. Where it is absent the load runs without checks.
+    call needs no edit of installed files. Where it is absent (or called off our thread) the load
+    runs without checks.
     """
     try:
         from transformers import core_model_loading as cml
@@ -120,11 +121,12 @@ def cancel_checks(should_cancel):
     if should_cancel is None or not callable(original):
         yield
         return
-    placed = 0
+    placed, owner = 0, threading.get_ident()
 
     def checked(*args, **kwargs):
         nonlocal placed
-        if should_cancel():  # ComfyUI's check raises its own interrupt instead of returning True
+        # Only our own load is checked: another thread's load passes through untouched.
+        if threading.get_ident() == owner and should_cancel():  # ComfyUI's check raises instead
             raise LoadCancelled(f"loading cancelled after {placed} tensors")
         placed += 1
         return original(*args, **kwargs)

@@ -17,9 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from diffusiongemma.dgemma import load_model
-from diffusiongemma.dgemma import outfiles, quant
+from diffusiongemma.dgemma import load_model, outfiles, quant
 from diffusiongemma.nodes.loader import DGemmaLoader
 
 HUB_ID = "google/diffusiongemma-26B-A4B-it"
@@ -201,6 +199,21 @@ def test_hub_config_is_vetted_before_transformers(tiny_dir, tmp_path, monkeypatc
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, **kw: str(config))
     with pytest.raises(ValueError, match=r"config.json of 'someone/evil' has auto_map .*official"):
         load_model("someone/evil", local_files_only=True)
+
+
+@pytest.mark.parametrize("qc, names, words", [
+    ({"quant_method": "auto-round"}, ["a.weight"], ["quant_method 'auto-round'", "not quantized", "download"]),
+    (None, ["a.qweight", "a.scales"], ["'a.qweight'", "no quantization_config", "download"]),
+])
+def test_hub_index_names_are_matched_to_the_config(monkeypatch, qc, names, words):
+    from types import SimpleNamespace
+
+    from diffusiongemma.dgemma import loading, preflight
+
+    monkeypatch.setattr(preflight, "hub_index", lambda repo, local: {"weight_map": dict.fromkeys(names, "m.st")})
+    with pytest.raises(ValueError) as err:
+        loading.stored_bytes(None, "someone/ckpt", True, SimpleNamespace(quantization_config=qc))
+    assert "'someone/ckpt'" in str(err.value) and all(w in str(err.value) for w in words)
 
 
 def test_every_from_pretrained_gets_trust_remote_code_false(tiny_dir, monkeypatch):
