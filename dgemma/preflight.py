@@ -25,7 +25,7 @@ MAX_HEADER = 100_000_000  # safetensors' own limit on a header
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
                "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "C64": 8}
 # Files beside config.json whose auto_map would make transformers import code from the checkpoint.
-CODE_MAPS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+CODE_MAPS = ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
 
@@ -82,7 +82,7 @@ def check_folder(folder: Path) -> dict:
     if code:
         raise ValueError(f"model folder {str(folder)!r} holds Python code ({short(code)}); this loader never runs "
                          "checkpoint code, so remove those files or use the official DiffusionGemma checkpoint")
-    for name in CODE_MAPS[1:]:
+    for name in CODE_MAPS:
         if (folder / name).is_file() and "auto_map" in read_json(folder / name):
             raise ValueError(f"{name} in {str(folder)!r} has an auto_map that asks to run the checkpoint's own "
                              "code, which this loader never does; remove its auto_map or download the official "
