@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
 
 import torch
 
 from . import preflight
 from .payloads import DGemmaModel
-from .quant import QUANTS, after_load, check_quant, model_class
+from .preflight import short
+from .quant import QUANTS, after_load, check_packed, check_quant, model_class
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 DEFAULT_HUB_ID = "google/diffusiongemma-26B-A4B-it"
@@ -17,7 +21,7 @@ DEFAULT_HUB_ID = "google/diffusiongemma-26B-A4B-it"
 
 def resolve_device(device: str) -> None:
     if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+        raise ValueError(f"device must be one of {DEVICES}, got {short(device)}; pick one of those")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but this torch sees no CUDA GPU; choose device 'cpu' or 'auto', "
                          "or install a CUDA build of torch")
@@ -25,12 +29,15 @@ def resolve_device(device: str) -> None:
 
 def resolve_dtype(dtype: str):
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {DTYPES}, got {short(dtype)}; pick one of those")
     return "auto" if dtype == "auto" else getattr(torch, dtype)
 
 
 def check_source(source: str) -> Path | None:
     """A local folder must hold config.json; anything else is taken as a hub id."""
+    if source is not None and not isinstance(source, str):
+        raise ValueError(f"model source must be text (a checkpoint folder or a hub id), got {short(source)} "
+                         f"({type(source).__name__}); give a folder path or a hub id such as {DEFAULT_HUB_ID!r}")
     if not source or not str(source).strip():
         raise ValueError("model source is empty; give a checkpoint folder or a hub id such as "
                          f"{DEFAULT_HUB_ID!r}")
@@ -51,13 +58,15 @@ def load_tokenizer(source, local_files_only: bool, vocab_size: int):
     from transformers import AutoProcessor, AutoTokenizer
 
     try:
-        processor = AutoProcessor.from_pretrained(source, local_files_only=local_files_only)
+        processor = AutoProcessor.from_pretrained(source, local_files_only=local_files_only,
+                                                  trust_remote_code=False)
     except (ImportError, OSError, ValueError, TypeError, KeyError, AttributeError):
         processor = None
     tokenizer = getattr(processor, "tokenizer", processor)
     if tokenizer is None or not hasattr(tokenizer, "convert_ids_to_tokens"):
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only,
+                                                      trust_remote_code=False)
         except (OSError, ValueError) as exc:
             raise ValueError(f"no tokenizer could be loaded from {str(source)!r} ({exc}); the checkpoint needs "
                              "tokenizer.json and tokenizer_config.json beside config.json") from exc
@@ -88,32 +97,109 @@ def _channel_ids(tokenizer) -> tuple[int, int] | None:
     return ids[0], ids[1]
 
 
+class LoadCancelled(Exception):
+    """Raised between two tensors when the caller's cancel check asks the load to stop."""
+
+
+_PATCH_LOCK = threading.Lock()  # one scoped wrapper at a time: the hooked function is module-global
+
+
+@contextlib.contextmanager
+def cancel_checks(should_cancel):
+    """Call `should_cancel` before each tensor transformers puts into the model; True stops the load.
+
+    transformers 5.x opens every shard lazily and materialises tensor by tensor, handing each one to
+    core_model_loading.set_param_for_module; wrapping that module attribute for the length of our
+    call needs no edit of installed files. Where it is absent (or called off our thread) the load
+    runs without checks.
+    """
+    try:
+        from transformers import core_model_loading as cml
+    except ImportError:
+        cml = None
+    original = getattr(cml, "set_param_for_module", None)
+    if should_cancel is None or not callable(original):
+        yield
+        return
+    placed, owner = 0, threading.get_ident()
+
+    def checked(*args, **kwargs):
+        nonlocal placed
+        # Only our own load is checked: another thread's load passes through untouched.
+        if threading.get_ident() == owner and should_cancel():  # ComfyUI's check raises instead
+            raise LoadCancelled(f"loading cancelled after {placed} tensors")
+        placed += 1
+        return original(*args, **kwargs)
+
+    with _PATCH_LOCK:
+        cml.set_param_for_module = checked
+        try:
+            yield
+        finally:
+            cml.set_param_for_module = original
+
+
+def vetted_config(folder: Path | None, where: str, local: bool) -> dict:
+    """config.json as plain JSON, refused if it asks for checkpoint code, before transformers reads it."""
+    if folder is not None:
+        return preflight.check_folder(folder)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = Path(hf_hub_download(where, "config.json", local_files_only=local))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the config of {where!r} ({exc}); check the name, or download it first "
+                         "and set local_files_only") from exc
+    config = preflight.read_json(path)
+    preflight.check_config(config, where)
+    return config
+
+
+def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[int, dict[str, int]]:
+    """The checkpoint's size per dtype from its headers (or hub index), once its tensors match its config."""
+    if folder is not None:
+        headers = preflight.read_headers(folder)
+        check_packed(config, {n for h in headers.values() for n in h if n != "__metadata__"}, where)
+        return preflight.checkpoint_bytes(folder, headers)
+    index = preflight.hub_index(where, local) or {}
+    weight_map = index.get("weight_map")
+    check_packed(config, set(weight_map) if isinstance(weight_map, dict) else None, where)
+    return preflight.hub_bytes(where, local) or 0, {}
+
+
 def load_model(source: str, quant: str = "none", dtype: str = "auto", device: str = "auto",
-               local_files_only: bool = False) -> DGemmaModel:
-    """Load weights (safetensors only, no remote code) and the tokenizer; every check runs first."""
+               local_files_only: bool = False, should_cancel=None) -> DGemmaModel:
+    """Load weights (safetensors only, never checkpoint code) and the tokenizer; every check runs first.
+
+    `should_cancel` is called between tensors while the weights load; returning True (or raising)
+    stops the load.
+    """
     from transformers import AutoConfig
 
+    if not isinstance(local_files_only, bool):
+        raise ValueError(f"local_files_only must be true or false, got {short(local_files_only)} "
+                         f"({type(local_files_only).__name__}); set it to true or false")
     folder = check_source(source)
     resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     where = str(folder) if folder else source
     local = local_files_only or folder is not None
+    vetted_config(folder, where, local)
     try:
-        config = AutoConfig.from_pretrained(where, local_files_only=local)
+        config = AutoConfig.from_pretrained(where, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read the config of {where!r} ({exc}); check the name, or download it first "
                          "and set local_files_only") from exc
     check_quant(quant, config, where)
-    if folder is not None:
-        stored, per_dtype = preflight.checkpoint_bytes(folder)
-    else:
-        stored, per_dtype = preflight.hub_bytes(where, local) or 0, {}
+    stored, per_dtype = stored_bytes(folder, where, local, config)
     placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
-    model = model_class(quant).from_pretrained(
-        where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local, use_kernels=False,
-        device_map=placement.device_map, max_memory=placement.max_memory)
+    with cancel_checks(should_cancel):
+        model = model_class(quant).from_pretrained(
+            where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local,
+            use_kernels=False, trust_remote_code=False, device_map=placement.device_map,
+            max_memory=placement.max_memory)
     if placement.device_map is None:
         model.to(placement.device)
     model.eval()

@@ -35,7 +35,7 @@ def quant_method(config) -> str | None:
 def check_quant(quant: str, config, source: str) -> None:
     """Refuse a quant mode that does not match the checkpoint, before any weight is read."""
     if quant not in QUANTS:
-        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}; pick one of those")
     method = quant_method(config)
     if quant == "none" and method is not None:
         raise ValueError(f"{source!r} is a {method} quantized checkpoint but quant is 'none'; set quant to "
@@ -47,6 +47,26 @@ def check_quant(quant: str, config, source: str) -> None:
                          "Intel/diffusiongemma-26B-A4B-it-int4-AutoRound)")
     if quant == "autoround":
         _require_auto_round()
+
+
+def check_packed(config, names, source: str) -> None:
+    """Refuse a checkpoint whose tensors contradict its quantization_config (read from headers or the index).
+
+    An AutoRound config over plain weights would make auto-round swap in packed layers the files
+    cannot fill (random weights); packed tensors under a plain config would be dropped the same way.
+    """
+    if names is None:  # a hub id without a readable index: transformers' own load report still checks
+        return
+    method = quant_method(config)
+    packed = sorted(n for n in names if n.endswith(".qweight"))
+    if method == "auto-round" and not packed:
+        raise ValueError(f"config.json of {source!r} says quant_method 'auto-round' but its safetensors hold no "
+                         "packed .qweight tensors, so the weights are not quantized; download the AutoRound "
+                         "checkpoint again, or use the unquantized one with quant 'none'")
+    if method is None and packed:
+        raise ValueError(f"{source!r} holds {len(packed)} packed .qweight tensors (e.g. {packed[0]!r}) but its "
+                         "config.json has no quantization_config; download the checkpoint's config.json again "
+                         "(an AutoRound checkpoint loads with quant 'autoround')")
 
 
 def _require_auto_round() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
 from ..dgemma.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, QUANTS, load_model
+from ..dgemma.preflight import short
 from . import host
 from .schema import CATEGORY, MODEL
 
@@ -28,6 +29,20 @@ def resolve_choice(choice: str) -> str:
         raise ValueError(f"model {choice!r} is not a folder with config.json under models/{host.MODEL_FOLDER}; "
                          f"put the checkpoint folder there or pick one of {model_choices()}")
     return str(folder)
+
+
+def check_inputs(quant, model, device, dtype, local_files_only) -> None:
+    """ComfyUI's UI sends list values, but API prompts and scripts can send anything: refuse wrong types."""
+    for name, value, choices in (("quant", quant, QUANTS), ("device", device, DEVICES), ("dtype", dtype, DTYPES)):
+        if not isinstance(value, str):
+            raise ValueError(f"Loader input {name} must be text, got {short(value)} ({type(value).__name__}); "
+                             f"pick one of {choices}")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"Loader input model must be text, got {short(model)} ({type(model).__name__}); pick a "
+                         f"folder under models/{host.MODEL_FOLDER} or a hub id such as {DEFAULT_HUB_ID!r}")
+    if not isinstance(local_files_only, bool):
+        raise ValueError(f"Loader input local_files_only must be true or false, got {short(local_files_only)} "
+                         f"({type(local_files_only).__name__}); set it to true or false")
 
 
 class DGemmaLoader:
@@ -64,6 +79,8 @@ class DGemmaLoader:
         }
 
     def load(self, quant, model=None, device="auto", dtype="auto", local_files_only=False):
+        check_inputs(quant, model, device, dtype, local_files_only)
         source = resolve_choice(model or model_choices()[0])
         host.check_interrupt()
-        return (load_model(source, quant=quant, dtype=dtype, device=device, local_files_only=local_files_only),)
+        return (load_model(source, quant=quant, dtype=dtype, device=device, local_files_only=local_files_only,
+                           should_cancel=host.check_interrupt),)
