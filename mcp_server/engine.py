@@ -44,7 +44,7 @@ class Engine:
     def __init__(self, default_model: str = DEMO_NAME, dm=None):
         self.default_model = default_model
         self.dm = dm
-        self.choice = default_model if dm is not None else None
+        self.choice = dm.source if dm is not None else None
         self.contexts: dict[str, object] = {}
         self.run: Run | None = None
         self._lock = threading.Lock()
