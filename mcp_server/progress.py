@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dgemma.loop import num_blocks
+import math
 
 NOISE = "\u00b7"    # a position the scheduler has not accepted yet
 MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the text
@@ -13,7 +13,7 @@ class StepMessages:
 
     def __init__(self, dm, knobs):
         self.strings = dm.token_strings
-        self.blocks = num_blocks(knobs.gen_length, dm.canvas_length)
+        self.blocks = math.ceil(knobs.gen_length / dm.canvas_length)  # as the engine splits gen_length
         self.steps = knobs.num_inference_steps
         self.total = self.blocks * self.steps  # an upper bound: the adaptive stop may end a block early
         self.finished: list[str] = []

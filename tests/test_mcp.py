@@ -16,7 +16,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK is not installed
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from diffusiongemma.dgemma.knobs import KNOBS, Knobs  # noqa: E402
-from diffusiongemma.dgemma.loading import resolve_device  # noqa: E402
+from diffusiongemma.dgemma import generate, load_model  # noqa: E402
 from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402
 
@@ -150,24 +150,25 @@ def test_cancel_run_stops_a_long_run_within_one_step(demo_model):
 
 
 @pytest.mark.parametrize("args, expected", [
-    ({"t_min": 2.0}, lambda: message(ValueError, Knobs, t_min=2.0)),
-    ({"num_inference_steps": 2.5}, lambda: message(ValueError, Knobs, num_inference_steps=2.5)),
-    ({"t_min": 0.9, "t_max": 0.5}, lambda: message(ValueError, Knobs, t_min=0.9, t_max=0.5)),
-    ({"thinking": "yes"}, lambda: message(ValueError, Knobs, thinking="yes")),
-    ({"prompt": "  "}, lambda: "prompt is empty; type a prompt"),
-    ({"context_handle": "ctx-nope"}, lambda: "context handle 'ctx-nope' is unknown"),
+    ({"t_min": 2.0}, lambda dm: message(ValueError, Knobs, t_min=2.0)),
+    ({"num_inference_steps": 2.5}, lambda dm: message(ValueError, Knobs, num_inference_steps=2.5)),
+    ({"t_min": 0.9, "t_max": 0.5}, lambda dm: message(ValueError, Knobs, t_min=0.9, t_max=0.5)),
+    ({"thinking": "yes"}, lambda dm: message(ValueError, Knobs, thinking="yes")),
+    ({"prompt": "  "}, lambda dm: message(ValueError, generate, dm, "  ")),
+    ({"context_handle": "ctx-nope"}, lambda dm: "context handle 'ctx-nope' is unknown"),
 ])
 def test_bad_generate_inputs_are_refused_with_the_nodes_messages(demo_model, args, expected):
     result = call(serve(demo_model), "generate", {"prompt": "What is 3+4?", **args})
-    assert result.is_error and expected() in result.content[0].text
+    assert result.is_error and expected(demo_model) in result.content[0].text
 
 
 def test_bad_load_inputs_are_refused_with_the_loaders_messages(demo_model, tmp_path):
     srv = serve(demo_model)
     bad_device = call(srv, "load_model", {"device": "tpu"})
-    assert bad_device.is_error and message(ValueError, resolve_device, "tpu") in bad_device.content[0].text
+    assert bad_device.is_error
+    assert message(ValueError, load_model, demo_model.source, device="tpu") in bad_device.content[0].text
     empty = call(srv, "load_model", {"model": str(tmp_path)})
-    assert empty.is_error and "has no config.json" in empty.content[0].text
+    assert empty.is_error and message(ValueError, load_model, str(tmp_path)) in empty.content[0].text
     assert call(srv, "model_status").structured_content["model_source"] == demo_model.source  # still loaded
 
 
