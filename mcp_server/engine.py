@@ -99,8 +99,8 @@ class Engine:
         with self.claim("encode") as run:
             base = self.context(onto) if onto else None
             cache = encode_context(self.model(), text, onto=base, should_cancel=run.cancel.is_set)
-        handle = "ctx-" + secrets.token_hex(4)
-        self.contexts[handle] = cache
+            handle = "ctx-" + secrets.token_hex(4)
+            self.contexts[handle] = cache
         return {"handle": handle, "length": cache.length, "onto": onto or None, **cache.summary()}
 
     def generate(self, prompt: str, knobs: dict, context_text: str = "", context_handle: str = "",
@@ -125,7 +125,7 @@ class Engine:
         dm = self.dm
         out = {"loaded": dm is not None, "model": self.choice, "default_model": self.default_model,
                "busy": self.run.tool if self.run is not None else None,
-               "contexts": {h: c.length for h, c in self.contexts.items()}}
+               "contexts": {h: c.length for h, c in list(self.contexts.items())}}  # a worker may add one meanwhile
         if dm is not None:
             out.update(dm.describe(), memory=memory(dm), canvas_length=dm.canvas_length, vocab_size=dm.vocab_size)
         return out

@@ -162,6 +162,17 @@ def test_bad_generate_inputs_are_refused_with_the_nodes_messages(demo_model, arg
     assert result.is_error and expected(demo_model) in result.content[0].text
 
 
+def test_bad_encode_inputs_are_refused_with_the_engines_messages(demo_model):
+    from diffusiongemma.dgemma.context import encode_context
+
+    srv = serve(demo_model)
+    empty = call(srv, "encode", {"text": " "})
+    assert empty.is_error and message(ValueError, encode_context, demo_model, " ") in empty.content[0].text
+    unknown = call(srv, "encode", {"text": "a=3.", "onto": "ctx-nope"})
+    assert unknown.is_error and "context handle 'ctx-nope' is unknown" in unknown.content[0].text
+    assert call(srv, "model_status").structured_content["contexts"] == {}
+
+
 def test_bad_load_inputs_are_refused_with_the_loaders_messages(demo_model, tmp_path):
     srv = serve(demo_model)
     bad_device = call(srv, "load_model", {"device": "tpu"})
