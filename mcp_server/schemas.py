@@ -10,7 +10,8 @@ from __future__ import annotations
 import inspect
 from typing import Annotated, Any, Callable
 
-from pydantic import Field, WithJsonSchema
+from mcp.server.mcpserver.tools import Tool
+from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ..dgemma.knobs import KNOBS
 
@@ -45,3 +46,14 @@ def with_params(fn: Callable, params: list[inspect.Parameter]) -> Callable:
     ctx = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     fn.__signature__ = inspect.Signature(ctx + params, return_annotation=dict[str, Any])
     return fn
+
+
+def strict_tool(fn: Callable) -> Tool:
+    """The SDK's Tool for `fn`, refusing arguments it does not know: a misspelled knob is an error,
+    not a silent default."""
+    tool = Tool.from_function(fn)
+    loose = tool.fn_metadata.arg_model
+    strict = type(loose.__name__, (loose,), {"model_config": ConfigDict(**loose.model_config, extra="forbid")})
+    tool.fn_metadata.arg_model = strict
+    tool.parameters = strict.model_json_schema(by_alias=True)
+    return tool

@@ -14,6 +14,7 @@ import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 
 from ..dgemma.demo import DEMO_NAME
 from ..dgemma.knobs import KNOBS, Knobs
@@ -23,7 +24,7 @@ from ..dgemma.runlog import pack_version
 from .engine import Engine
 from .outputs import write_outputs
 from .progress import StepMessages
-from .schemas import choice_schema, knob_params, param, with_params
+from .schemas import choice_schema, knob_params, param, strict_tool, with_params
 
 HIDDEN_STATE = ("raw_ids", "answer_ids")  # ids are long and the text already says them
 
@@ -77,7 +78,7 @@ def readout(result) -> dict:
     return {"cancelled": False, "text": result.text, "canvas_state": state, "config": result.config.asdict()}
 
 
-def add_generate(srv: MCPServer, engine: Engine) -> None:
+def generate_tool(engine: Engine) -> Tool:
     async def generate(ctx: Context, **args) -> dict[str, Any]:
         """Generate an answer by block diffusion, reporting every step (step, total, committed %, text so far).
 
@@ -103,35 +104,34 @@ def add_generate(srv: MCPServer, engine: Engine) -> None:
 
         return await in_thread(engine, work)
 
-    srv.add_tool(with_params(generate, generate_params()))
+    return strict_tool(with_params(generate, generate_params()))
 
 
-def add_model_tools(srv: MCPServer, engine: Engine) -> None:
+def model_tools(engine: Engine) -> list[Tool]:
     async def load_model(**args) -> dict[str, Any]:
         """Load a DiffusionGemma model (the shipped demo, a checkpoint folder or a hub id), replacing the
         loaded one; contexts encoded with the old model are dropped. Returns model_status."""
         return await in_thread(engine, lambda: engine.load(**args))
 
-    srv.add_tool(with_params(load_model, loader_params()))
-
-    @srv.tool()
     async def model_status() -> dict[str, Any]:
         """What is loaded (source, quant, device, dtype), its memory, the run in progress and the context handles."""
         return engine.status()
 
-    @srv.tool()
     async def cancel_run() -> dict[str, Any]:
         """Stop the generate or encode run in progress before its next step; that call then reports cancelled."""
         return engine.cancel()
 
+    return [strict_tool(with_params(load_model, loader_params())), strict_tool(model_status),
+            strict_tool(cancel_run)]
 
-def add_encode(srv: MCPServer, engine: Engine) -> None:
+
+def encode_tool(engine: Engine) -> Tool:
     async def encode(**args) -> dict[str, Any]:
         """Encode raw CONTEXT text (no chat framing) into a KV cache held by the server; returns a handle for
         generate's context_handle. With onto, continues that context into a new handle; none is ever modified."""
         return await in_thread(engine, lambda: engine.encode(args["text"], args["onto"]))
 
-    srv.add_tool(with_params(encode, [
+    return strict_tool(with_params(encode, [
         param("text", {"type": "string", "description": "Raw CONTEXT, encoded as is: a document, a prior turn."}),
         param("onto", {"type": "string", "default": "", "description":
                        "Optional handle of a context to continue with this text."}, ""),
@@ -143,9 +143,7 @@ def build_server(engine: Engine | None = None) -> MCPServer:
     engine = engine or Engine()
     srv = MCPServer("diffusiongemma", version=pack_version(), instructions=(
         "DiffusionGemma, a discrete-diffusion text model. generate answers a prompt and reports every denoising "
-        "step; encode makes a reusable context handle; one run at a time (a second is refused, not queued)."))
-    add_model_tools(srv, engine)
-    add_encode(srv, engine)
-    add_generate(srv, engine)
+        "step; encode makes a reusable context handle; one run at a time (a second is refused, not queued)."),
+        tools=[*model_tools(engine), encode_tool(engine), generate_tool(engine)])
     srv.engine = engine  # for tests and embedding
     return srv

@@ -62,6 +62,7 @@ def test_tools_and_knob_schemas_come_from_the_knob_table(demo_model):
     assert tools["generate"].input_schema["required"] == ["prompt"]
     assert tools["load_model"].input_schema["properties"]["device"]["enum"] == ["auto", "cuda", "cpu"]
     assert tools["encode"].input_schema["required"] == ["text"]
+    assert all(t.input_schema.get("additionalProperties") is False for t in tools.values())
 
 
 def test_load_the_demo_model_and_read_its_status():
@@ -160,6 +161,12 @@ def test_cancel_run_stops_a_long_run_within_one_step(demo_model):
 def test_bad_generate_inputs_are_refused_with_the_nodes_messages(demo_model, args, expected):
     result = call(serve(demo_model), "generate", {"prompt": "What is 3+4?", **args})
     assert result.is_error and expected(demo_model) in result.content[0].text
+
+
+def test_a_misspelled_knob_is_refused_not_ignored(demo_model):
+    result = call(serve(demo_model), "generate", {"prompt": "What is 3+4?", "num_steps": 5})
+    assert result.is_error and "num_steps" in result.content[0].text
+    assert "Extra inputs are not permitted" in result.content[0].text
 
 
 def test_bad_encode_inputs_are_refused_with_the_engines_messages(demo_model):
