@@ -16,7 +16,6 @@ from ..dgemma.context import encode_context
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME
 from ..dgemma.knobs import Knobs
 from ..dgemma.loading import load_model
-from ..dgemma.loop import Cancelled
 from ..dgemma.run import generate
 
 

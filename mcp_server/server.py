@@ -55,8 +55,11 @@ def loader_params() -> list:
     ]
 
 
+def text(description: str) -> dict:
+    return {"type": "string", "default": "", "description": description}
+
+
 def generate_params() -> list:
-    text = lambda description: {"type": "string", "default": "", "description": description}
     return [
         param("prompt", text("The user turn, rendered through the model's chat template. May be empty when a "
                              "context is given (pure injection).")),
