@@ -150,6 +150,30 @@ def test_cancel_run_stops_a_long_run_within_one_step(demo_model):
     assert call(srv, "generate", {"prompt": "What is 3+4?"}).structured_content["text"] == "seven"
 
 
+def test_a_client_that_gives_up_on_generate_stops_the_run(demo_model):
+    srv = serve(demo_model)
+
+    async def go():
+        started = anyio.Event()
+
+        async def on_progress(progress, total, text):
+            if progress >= 3:
+                started.set()
+
+        async with Client(srv) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: client.call_tool("generate", {"prompt": "What is 3+4?", **LONG},
+                                                       progress_callback=on_progress))
+                await started.wait()
+                tg.cancel_scope.cancel()
+            with anyio.fail_after(30):  # the worker stops at its next step and frees the model
+                while srv.engine.run is not None:
+                    await anyio.sleep(0.05)
+            return await client.call_tool("generate", {"prompt": "What is 3+4?"})
+
+    assert anyio.run(go).structured_content["text"] == "seven"
+
+
 @pytest.mark.parametrize("args, expected", [
     ({"t_min": 2.0}, lambda dm: message(ValueError, Knobs, t_min=2.0)),
     ({"num_inference_steps": 2.5}, lambda dm: message(ValueError, Knobs, num_inference_steps=2.5)),
