@@ -53,7 +53,7 @@ class Engine:
         """Hold the model for one run; refuse clearly when another run holds it."""
         with self._lock:
             if self.run is not None:
-                raise Busy(f"a {self.run.tool} run is in progress ({self.run.steps_done} steps done); one run "
+                raise Busy(f"a {self.run.tool} call is in progress ({self.run.steps_done} steps done); one run "
                            "at a time per model: wait for its result or call cancel_run")
             self.run = Run(tool)
         try:
@@ -68,6 +68,9 @@ class Engine:
             run = self.run
             if run is None:
                 return {"cancelled": False, "message": "no run is in progress"}
+            if run.tool == "load_model":  # loading has no step boundary to stop at
+                return {"cancelled": False, "tool": run.tool, "message": "loading a model cannot be cancelled; "
+                        "it ends on its own"}
             run.cancel.set()
             return {"cancelled": True, "tool": run.tool, "steps_done": run.steps_done,
                     "message": f"the {run.tool} run stops before its next step"}
