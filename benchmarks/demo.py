@@ -21,9 +21,8 @@ from headless import load_pack  # noqa: E402
 load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
 from diffusiongemma.dgemma.demo import DEMO_DIR, DEMO_KNOBS, WORDS  # noqa: E402
-from diffusiongemma.runner.cli import DEFAULT_GRAPH
+from diffusiongemma.runner.cli import DEFAULT_GRAPH  # noqa: E402
 from diffusiongemma.runner.execute import run_graph  # noqa: E402
-
 
 
 def accuracy(dm, thinking: bool) -> float:

@@ -26,8 +26,8 @@ from headless import load_pack  # noqa: E402
 load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
 from diffusiongemma.dgemma.images import render_images  # noqa: E402
-from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402
 from diffusiongemma.dgemma.tokens import frame_texts  # noqa: E402
+from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402
 
 PROMPT = "What is 3+4?"
 
@@ -73,7 +73,8 @@ def main() -> None:
     for name, knobs in cases.items():
         r = results[name] = measure(dm, knobs, args.repeats)
         print(f"{name}: {r['steps']} steps in {r['blocks']} block(s); generation {r['gen']:.3f}s, "
-              f"frames+images {r['build']:.3f}s ({r['cpu']:.3f}s CPU; median paired ratio {r['ratio']:.3f}); images {r['shape']} "
+              f"frames+images {r['build']:.3f}s ({r['cpu']:.3f}s CPU; median paired ratio {r['ratio']:.3f}); "
+              f"images {r['shape']} "
               f"float32, {r['image_bytes']} bytes/frame; trace {r['trace_bytes']:.0f} bytes/step", flush=True)
     ratio = max(r["ratio"] for r in results.values())
     image_bytes = max(r["image_bytes"] for r in results.values())

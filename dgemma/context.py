@@ -7,8 +7,8 @@ payload can be reused and fanned out to any number of runs with identical result
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -85,7 +85,7 @@ class KVCache:
                 "tokenizer_fingerprint": self.tokenizer_fingerprint,
                 "token_ids_sha256": hashlib.sha256(ids).hexdigest()[:16]}
 
-    def advanced(self, cache, new_ids) -> "KVCache":
+    def advanced(self, cache, new_ids) -> KVCache:
         return KVCache(cache, self.token_ids + tuple(int(i) for i in new_ids), self.model_source,
                        self.tokenizer_fingerprint, self.geometry)
 

@@ -2,8 +2,8 @@
 
 Every character takes one cell of the bundled monospace font (two for wide characters), so a
 glyph is rendered once per process and a frame is one gather of cached tiles. Text word-wraps;
-a run longer than a line breaks at a token boundary (else at the edge) instead of being clipped. Colour is the scheduler's
-verdict per position: accepted bright (amber when newly accepted this step), rejected noise dim.
+a run longer than a line breaks at a token boundary (else at the edge) instead of being clipped.
+Colour is each position's state (dgemma/states.py): settled bright, new amber, noise dim.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import mmap
 import unicodedata
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

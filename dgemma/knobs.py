@@ -23,22 +23,34 @@ class KnobSpec:
 
 
 KNOBS: dict[str, KnobSpec] = {
-    "seed": KnobSpec(int, 0, 0, SEED_MAX, 1,
-                     "Seed of the one random generator behind the noise canvas, sampling and renoise (an integer)."),
-    "num_inference_steps": KnobSpec(int, 48, 1, 1024, 1,
-                                    "Most denoising steps per block (a count); the schedule position is t = (N - step) / N."),
-    "t_min": KnobSpec(float, 0.4, 0.0, 1.0, 0.01,
-                      "Temperature the anneal cools toward (dimensionless softmax divisor); the last step uses t_min + (t_max - t_min) / N."),
-    "t_max": KnobSpec(float, 0.8, 0.0, 1.0, 0.01,
-                      "Temperature of the first step (dimensionless softmax divisor), where t = 1."),
-    "entropy_bound": KnobSpec(float, 0.1, 0.0, 1.0, 0.001,
-                              "Joint entropy budget per step in nats: the lowest-entropy positions are accepted while their summed entropy fits."),
-    "confidence": KnobSpec(float, 0.005, 0.0, 1.0, 0.001,
-                           "Adaptive stop in nats: a block ends once its argmax is stable and the mean entropy of the scaled logits is below this; 0 never stops early."),
-    "gen_length": KnobSpec(int, 256, 1, 8192, 1,
-                           "Tokens to generate; run as ceil(gen_length / canvas_length) blocks (256 tokens each on the real model)."),
-    "thinking": KnobSpec(bool, False,
-                         tooltip="Render the chat template with the model's native thinking switch (enable_thinking=True); the thought goes to canvas_state, not text."),
+    "seed": KnobSpec(
+        int, 0, 0, SEED_MAX, 1,
+        "Seed of the one random generator behind the noise canvas, sampling and renoise (an integer)."),
+    "num_inference_steps": KnobSpec(
+        int, 48, 1, 1024, 1,
+        "Most denoising steps per block (a count); the schedule position is t = (N - step) / N."),
+    "t_min": KnobSpec(
+        float, 0.4, 0.0, 1.0, 0.01,
+        "Temperature the anneal cools toward (dimensionless softmax divisor); the last step uses "
+        "t_min + (t_max - t_min) / N."),
+    "t_max": KnobSpec(
+        float, 0.8, 0.0, 1.0, 0.01,
+        "Temperature of the first step (dimensionless softmax divisor), where t = 1."),
+    "entropy_bound": KnobSpec(
+        float, 0.1, 0.0, 1.0, 0.001,
+        "Joint entropy budget per step in nats: the lowest-entropy positions are accepted while their summed "
+        "entropy fits."),
+    "confidence": KnobSpec(
+        float, 0.005, 0.0, 1.0, 0.001,
+        "Adaptive stop in nats: a block ends once its argmax is stable and the mean entropy of the scaled logits "
+        "is below this; 0 never stops early."),
+    "gen_length": KnobSpec(
+        int, 256, 1, 8192, 1,
+        "Tokens to generate; run as ceil(gen_length / canvas_length) blocks (256 tokens each on the real model)."),
+    "thinking": KnobSpec(
+        bool, False,
+        tooltip="Render the chat template with the model's native thinking switch (enable_thinking=True); the "
+                "thought goes to canvas_state, not text."),
 }
 
 

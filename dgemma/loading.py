@@ -12,7 +12,7 @@ import torch
 from . import preflight
 from .payloads import DGemmaModel
 from .preflight import short
-from .quant import QUANTS, after_load, check_packed, check_quant, model_class
+from .quant import after_load, check_packed, check_quant, model_class
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")

@@ -8,7 +8,7 @@ transformers generate, then the committed canvas is encoded into the cache for t
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -11,8 +11,9 @@ import os
 import re
 import reprlib
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 DEFAULT_NAME = "dgemma"  # for a prefix that names only a folder: "runs/", ".", "runs/."
 MAX_NAME_BYTES = 200     # per component: leaves room for "_00001_.png" and the temp name under 255

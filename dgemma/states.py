@@ -30,4 +30,4 @@ def position_states(ids: np.ndarray, committed: np.ndarray, blocks: np.ndarray) 
 
 def hex_palette() -> dict[str, str]:
     """The palette as CSS colours by state name, for the browser."""
-    return {NAMES[s]: "#%02x%02x%02x" % rgb for s, rgb in PALETTE.items()}
+    return {NAMES[s]: "#{:02x}{:02x}{:02x}".format(*rgb) for s, rgb in PALETTE.items()}

@@ -8,7 +8,8 @@ loader refuse bad input with the same messages the nodes show.
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from mcp.server.mcpserver.tools import Tool
 from pydantic import ConfigDict, Field, WithJsonSchema

@@ -18,8 +18,9 @@ from mcp.server.mcpserver.tools import Tool
 
 from ..dgemma.demo import DEMO_NAME
 from ..dgemma.knobs import KNOBS, Knobs
-from ..dgemma.loading import DEVICES, DTYPES, QUANTS
+from ..dgemma.loading import DEVICES, DTYPES
 from ..dgemma.loop import Cancelled
+from ..dgemma.quant import QUANTS
 from ..dgemma.runlog import pack_version
 from .engine import Engine
 from .outputs import write_outputs

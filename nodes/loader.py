@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
-from ..dgemma.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, QUANTS, load_model
+from ..dgemma.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
 from ..dgemma.preflight import short
+from ..dgemma.quant import QUANTS
 from . import host
 from .schema import CATEGORY, MODEL
 

@@ -107,7 +107,7 @@ def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dic
                 code = 6
             elif kind == "executing" and data.get("node") is None and "prompt_id" in data:
                 break
-    except socket.timeout:
+    except TimeoutError:
         print(f"no event for {timeout} s; giving up on the prompt", file=sys.stderr)
         return 3, {}
     finally:

@@ -59,7 +59,9 @@ def build_model(preset: str = "random", seed: int = 0):
 
 def generation_config():
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
-        DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig)
+        DiffusionGemmaGenerationConfig,
+        EntropyBoundSamplerConfig,
+    )
 
     return DiffusionGemmaGenerationConfig(
         max_denoising_steps=48, sampler_config=EntropyBoundSamplerConfig(0.1), t_min=0.4, t_max=0.8,

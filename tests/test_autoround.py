@@ -21,9 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from diffusiongemma.dgemma import Knobs, generate, load_model
-from diffusiongemma.testing import tiny
 from diffusiongemma.dgemma.demo import DEMO_DIR, DEMO_KNOBS, WORDS, demo_available
 from diffusiongemma.dgemma.quant import packed_names
+from diffusiongemma.testing import tiny
 
 _spec = importlib.util.spec_from_file_location("quantize_tiny", REPO / "tools" / "quantize_tiny.py")
 quantize_tiny = importlib.util.module_from_spec(_spec)

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
-from diffusiongemma.runner.graph import input_specs, validate, widget_layout
-from diffusiongemma.runner.execute import CLASSES, run_graph
+
 from diffusiongemma.nodes.loader import model_choices
+from diffusiongemma.runner.execute import CLASSES, run_graph
+from diffusiongemma.runner.graph import input_specs, validate, widget_layout
 
 API = sorted((REPO / "examples" / "api").glob("*.json"))
 UI = sorted((REPO / "examples").glob("*.json"))
@@ -62,7 +62,7 @@ def test_ui_example_validates(path):
                 _check_widget(cls, name, value)
         required, _ = input_specs(cls)
         socket_names = [i["name"] for i in node["inputs"]]
-        for name, spec in required.items():
+        for name, _spec in required.items():
             if name not in layout:
                 assert name in socket_names and node["inputs"][socket_names.index(name)]["link"], (node["type"], name)
     for link_id, origin, slot, target, target_slot, kind in workflow["links"]:

@@ -9,10 +9,9 @@ import unicodedata
 import numpy as np
 import pytest
 import torch
-from PIL import Image, features
+from PIL import features
 
-from diffusiongemma.dgemma import CanvasTrace, Knobs
-from diffusiongemma.dgemma import images
+from diffusiongemma.dgemma import CanvasTrace, Knobs, images
 from diffusiongemma.dgemma.fonts import BLANK, SUBSTITUTE, WIDE_SUBSTITUTE, default_atlas
 from diffusiongemma.testing.tiny_tokenizer import _filler_pieces
 

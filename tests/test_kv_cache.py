@@ -7,11 +7,11 @@ import dataclasses
 import json
 import shutil
 
+import fakecomfy
 import pytest
 import torch
-
-import fakecomfy
 from executor import call
+
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Knobs, generate, load_model
 from diffusiongemma.dgemma.cache import encode_ids, new_cache

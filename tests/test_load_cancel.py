@@ -11,10 +11,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from diffusiongemma.dgemma import load_model
-from diffusiongemma.dgemma.loading import LoadCancelled, cancel_checks
 from safetensors.torch import load_file, save_file
 from transformers import core_model_loading as cml
+
+from diffusiongemma.dgemma import load_model
+from diffusiongemma.dgemma.loading import LoadCancelled, cancel_checks
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 

@@ -15,8 +15,8 @@ pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK is not installed
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from diffusiongemma.dgemma.knobs import KNOBS, Knobs  # noqa: E402
 from diffusiongemma.dgemma import generate, load_model  # noqa: E402
+from diffusiongemma.dgemma.knobs import KNOBS, Knobs  # noqa: E402
 from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402
 

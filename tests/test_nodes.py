@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import fakecomfy
+import pytest
+from conftest import REPO
 from executor import call
+
 from diffusiongemma import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, WEB_DIRECTORY
 from diffusiongemma.nodes import host
 from diffusiongemma.nodes.loader import model_choices
-from conftest import REPO
 
 Loader, Sampler, Denoise = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler", "DGemmaDenoise"))
 Encode, Trace, RunLog = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaEncode", "DGemmaTrace", "DGemmaRunLogWriter"))
@@ -29,7 +29,7 @@ def test_registry_keeps_the_original_names_and_documents_every_socket():
         assert len(cls.OUTPUT_TOOLTIPS) == len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES), name
         spec = cls.INPUT_TYPES()
         for group in ("required", "optional"):
-            for inp, (kind, *opts) in spec.get(group, {}).items():
+            for inp, (_kind, *opts) in spec.get(group, {}).items():
                 assert opts and opts[0].get("tooltip"), f"{name}.{inp} has no tooltip"
     assert Sampler.RETURN_TYPES == ("STRING", "DGEMMA_CANVAS_STATE", "DGEMMA_CANVAS_TRACE", "STRING", "IMAGE",
                                     "DGEMMA_RUN_CONFIG")

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from diffusiongemma.dgemma import Knobs, generate, heatmap, images
 from diffusiongemma.dgemma.runlog import read_log, records, replay, write_jsonl
 from diffusiongemma.dgemma.states import NOISE, PALETTE

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from diffusiongemma.dgemma import load_model, outfiles, quant
 from diffusiongemma.nodes.loader import DGemmaLoader
 

@@ -69,5 +69,5 @@ def test_prefixes_that_leave_the_output_folder_are_refused(run, tmp_path, prefix
 
 def test_frames_must_belong_to_the_trace(run):
     result, frames = run
-    with pytest.raises(ValueError, match="frames has 18 entries but the trace has 19 steps; give the frames of the same run"):
+    with pytest.raises(ValueError, match="frames has 18 entries but the trace has 19 steps; give the frames"):
         records(result.trace, result.config, result.state, frames[:-1])

@@ -16,8 +16,8 @@ sys.path.insert(0, str(REPO))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 from diffusiongemma.runner.execute import CLASSES  # noqa: E402
+from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 
 NOTES = {
     "diffusiongemma_start_here": [
@@ -67,7 +67,7 @@ def to_ui(graph: dict, notes: list[str]) -> dict:
     ids = {node_id: i + 1 for i, node_id in enumerate(graph)}
     out_links: dict = {}
     for node_id, node in graph.items():
-        for slot, (name, spec) in enumerate((n, s) for n, s in _sockets(CLASSES[node["class_type"]])):
+        for slot, (name, _) in enumerate(_sockets(CLASSES[node["class_type"]])):
             value = node["inputs"].get(name)
             if is_link(value):
                 link_id = len(links) + 1
