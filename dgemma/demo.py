@@ -6,7 +6,7 @@ from .knobs import Knobs
 
 DEMO_NAME = "diffusiongemma-demo"
 DEMO_DIR = Path(__file__).resolve().parent / "demo_model"
-# The Sampler's defaults: the demo was trained to anneal visibly with them.
+# The Sampler's default knobs with seed 7: the demo was trained to anneal visibly with them.
 DEMO_KNOBS = Knobs(seed=7)
 
 # The task it was trained on: "What is a+b?" (a, b in 0..9) answered in words.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..dgemma.outfiles import target_folder
 from ..dgemma.runlog import records, write_jsonl
 from . import host
 from .schema import CANVAS_STATE, CANVAS_TRACE, CATEGORY, RUN_CONFIG, comfy_hints
@@ -31,6 +32,16 @@ class DGemmaRunLogWriter:
                                     "File name prefix inside the output folder; 'sub/name' makes a subfolder."}),
             },
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, filename_prefix=None, **_):
+        """Refuse a bad prefix before anything runs (ComfyUI calls this while validating the prompt)."""
+        for prefix in filename_prefix or ():
+            try:
+                target_folder(host.output_dir(), prefix)
+            except ValueError as err:
+                return str(err)
+        return True
 
     def write(self, canvas_trace, run_config, frames, canvas_state, filename_prefix):
         with comfy_hints():

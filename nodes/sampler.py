@@ -9,7 +9,16 @@ from ..dgemma.run import check_inputs, generate
 from ..dgemma.tokens import frame_texts
 from . import host
 from .events import DONE, START, STEP, StepStream
-from .schema import CATEGORY, KV_CACHE, SAMPLER_OUTPUTS, comfy_hints, knob_inputs, model_input, output_spec
+from .schema import (
+    CATEGORY,
+    KV_CACHE,
+    SAMPLER_OUTPUTS,
+    comfy_hints,
+    knob_inputs,
+    model_input,
+    output_spec,
+    validate_knobs,
+)
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
 TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before decoding. Leave it empty with "
@@ -67,6 +76,10 @@ class DGemmaSampler:
                          **knob_inputs()},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, **inputs):
+        return validate_knobs(inputs)
 
     def sample(self, model, prompt, unique_id=None, **knobs):
         return run_node(unique_id, model, prompt, **knobs)

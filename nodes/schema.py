@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS
+from ..dgemma.knobs import KNOBS, Knobs, check_knob
 
 CATEGORY = "DiffusionGemma"
 MODEL = "DGEMMA_MODEL"
@@ -54,6 +54,7 @@ def output_spec(outputs) -> tuple[tuple, tuple, tuple, tuple]:
 HINTS = {
     "model": "wire the model output of a DGemmaLoader node",
     "context": "wire a kv_cache from a DGemmaEncode node that used this model",
+    "prompt": "context goes into DGemmaEncode, whose kv_cache feeds DGemmaDenoise; an empty prompt works only there",
     "canvas_trace": "wire the canvas_trace output of a DGemmaSampler or DGemmaDenoise node",
     "canvas_state": "wire canvas_trace, run_config, frames and canvas_state from the same sampler node",
     "run_config": "wire canvas_trace, run_config, frames and canvas_state from the same sampler node",
@@ -75,3 +76,19 @@ def comfy_hints():
 
 def model_input() -> tuple:
     return (MODEL, {"tooltip": "A loaded DiffusionGemma model (from DGemmaLoader)."})
+
+
+def validate_knobs(inputs: dict):
+    """VALIDATE_INPUTS for knob widgets: the engine's checks on the constants ComfyUI has before running.
+
+    ComfyUI's own range check lets NaN through; this refuses it, with the engine's message.
+    """
+    try:
+        given = {name: inputs[name] for name in KNOBS if name in inputs}
+        for name, value in given.items():
+            check_knob(name, value)
+        if len(given) == len(KNOBS):
+            Knobs(**given)
+    except InputError as err:
+        return str(err)
+    return True

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..nodes import events, host
-from .client import submit
+from .client import check_server_url, submit
 from .core_nodes import describe
 from .execute import run_graph
 
@@ -40,6 +40,24 @@ def _report(graph: dict, uis: dict) -> None:
                 print(f"  {key}: " + text.replace("\n", "\n    "))
 
 
+def read_graph(path: Path) -> dict:
+    """The API graph in `path`, or a ValueError that names the file and what is wrong with it."""
+    try:
+        graph = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"graph file {str(path)!r} does not exist; give the path of an API-format graph "
+                         "(ComfyUI: Workflow > Export (API))") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"graph file {str(path)!r} cannot be read ({err}); give a readable JSON file") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"graph file {str(path)!r} is not JSON ({err.msg} at line {err.lineno}); export the "
+                         "graph again with Workflow > Export (API)") from None
+    if not isinstance(graph, dict):
+        raise ValueError(f"graph file {str(path)!r} holds a {type(graph).__name__}, not an object of nodes; "
+                         "export the graph with Workflow > Export (API)")
+    return graph
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m headless",
                                      description="Run an API-format graph of this pack without a ComfyUI server.")
@@ -49,9 +67,16 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds without an event (--server)")
     parser.add_argument("--quiet", action="store_true", help="do not print the canvas per step")
     args = parser.parse_args(argv)
-    graph = json.loads(args.graph.read_text())
-    if args.server:
-        code, outputs = submit(graph, args.server.rstrip("/"), args.timeout, _print_event)
+    if not 0 < args.timeout < float("inf"):
+        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    try:
+        graph = read_graph(args.graph)
+        server = check_server_url(args.server) if args.server else None
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if server:
+        code, outputs = submit(graph, server, args.timeout, _print_event)
         _report(graph, outputs)
         return code
     os.environ["DGEMMA_OUTPUT_DIR"] = str(args.out.resolve())

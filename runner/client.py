@@ -75,14 +75,37 @@ class Socket:
     def close(self) -> None:
         try:
             self._send(8)
+        except OSError:
+            pass  # the server is already gone
         finally:
             self.sock.close()
 
 
+def check_server_url(server) -> str:
+    """The server's base URL; refuses what urllib would misread (no scheme, no host)."""
+    parts = urllib.parse.urlparse(server if isinstance(server, str) else "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--server {server!r} is not a URL like http://127.0.0.1:8188; give the scheme and host "
+                         "of the running ComfyUI")
+    if parts.scheme == "https":
+        raise ValueError(f"--server {server!r}: https is not supported by this client; use the server's "
+                         "http:// address")
+    return server.rstrip("/")
+
+
 def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dict]:
-    """Queue `graph`, pass every event of it to `on_event`, return (exit code, history outputs)."""
+    """Queue `graph`, pass every event of it to `on_event`, return (exit code, history outputs).
+
+    Exit codes: 0 done, 1 the prompt failed, 2 refused by the server, 3 no answer or connection lost,
+    6 interrupted.
+    """
     client_id = uuid.uuid4().hex
-    ws = Socket(server.replace("http", "ws", 1) + f"/ws?clientId={client_id}", timeout)
+    try:
+        ws = Socket(server.replace("http", "ws", 1) + f"/ws?clientId={client_id}", timeout)
+    except OSError as err:
+        print(f"cannot reach ComfyUI at {server} ({err}); is it running, and is the address right?",
+              file=sys.stderr)
+        return 3, {}
     try:
         body = json.dumps({"prompt": graph, "client_id": client_id}).encode()
         request = urllib.request.Request(f"{server}/prompt", body, {"Content-Type": "application/json"})
@@ -95,7 +118,7 @@ def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dic
         if reply.get("node_errors"):
             print(json.dumps(reply["node_errors"], indent=2), file=sys.stderr)
             return 2, {}
-        prompt_id, code = reply["prompt_id"], 0
+        prompt_id, code, finished = reply["prompt_id"], 0, False
         for message in ws.messages():
             kind, data = message.get("type"), message.get("data", {})
             if data.get("prompt_id", prompt_id) != prompt_id:
@@ -106,12 +129,23 @@ def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dic
             elif kind == "execution_interrupted":
                 code = 6
             elif kind == "executing" and data.get("node") is None and "prompt_id" in data:
+                finished = True
                 break
+        if not finished:
+            raise ConnectionError("the server closed the websocket")
     except TimeoutError:
         print(f"no event for {timeout} s; giving up on the prompt", file=sys.stderr)
         return 3, {}
+    except OSError as err:
+        print(f"lost the connection to ComfyUI at {server} before the prompt finished ({err}); its outputs "
+              "are unknown, see the ComfyUI console", file=sys.stderr)
+        return 3, {}
     finally:
         ws.close()
-    with urllib.request.urlopen(f"{server}/history/{prompt_id}", timeout=timeout) as response:
-        history = json.load(response).get(prompt_id, {})
+    try:
+        with urllib.request.urlopen(f"{server}/history/{prompt_id}", timeout=timeout) as response:
+            history = json.load(response).get(prompt_id, {})
+    except (OSError, ValueError) as err:
+        print(f"the prompt ran but its outputs could not be read from {server}/history ({err})", file=sys.stderr)
+        return 3, {}
     return code, history.get("outputs", {})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 ANY = "*"
 
 
@@ -30,8 +32,8 @@ def _check_constant(node_id: str, name: str, in_type, options: dict, value) -> s
         if isinstance(value, bool) or not isinstance(value, int):
             return f"{where}: expected an integer, got {value!r}"
     elif in_type == "FLOAT":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{where}: expected a number, got {value!r}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{where}: expected a finite number, got {value!r}"
     elif in_type == "BOOLEAN":
         return None if isinstance(value, bool) else f"{where}: expected true or false, got {value!r}"
     elif in_type == "STRING":
@@ -53,8 +55,10 @@ def validate(graph, classes: dict) -> list[str]:
         return ["this is a UI-format workflow; export it with Workflow > Export (API) and run that file"]
     errors = []
     for node_id, node in graph.items():
-        if not isinstance(node, dict) or "class_type" not in node:
-            errors.append(f"node {node_id}: needs class_type and inputs")
+        if not isinstance(node, dict) or not isinstance(node.get("class_type"), str) or \
+                not isinstance(node.get("inputs", {}), dict):
+            errors.append(f"node {node_id}: needs a class_type (text) and inputs (an object of input names), "
+                          f"got {str(node)[:80]}")
             continue
         cls = classes.get(node["class_type"])
         if cls is None:
@@ -87,7 +91,18 @@ def validate(graph, classes: dict) -> list[str]:
                 problem = _check_constant(node_id, name, in_type, options, value)
                 if problem:
                     errors.append(problem)
+        errors += _custom_validation(node_id, cls, inputs)
     return errors
+
+
+def _custom_validation(node_id: str, cls, inputs: dict) -> list[str]:
+    """A node's own VALIDATE_INPUTS on its constant inputs, as ComfyUI calls it before running anything."""
+    check = getattr(cls, "VALIDATE_INPUTS", None)
+    if check is None:
+        return []
+    constants = {n: ([v] if getattr(cls, "INPUT_IS_LIST", False) else v) for n, v in inputs.items() if not is_link(v)}
+    verdict = check(**constants)
+    return [] if verdict is True else [f"node {node_id} ({cls.__name__}): {verdict}"]
 
 
 def check_graph(graph, classes: dict) -> None:
@@ -98,26 +113,27 @@ def check_graph(graph, classes: dict) -> None:
 
 
 def execution_order(graph, classes: dict) -> list[str]:
-    """Output nodes and their ancestors, each after the nodes it reads from."""
+    """Output nodes and their ancestors, each after the nodes it reads from (no recursion: chains may be long)."""
     outputs = [n for n, node in graph.items() if getattr(classes[node["class_type"]], "OUTPUT_NODE", False)]
     if not outputs:
         raise ValueError("the graph has no output node (a preview, save or run log node); nothing would run")
     order, state = [], {}
-
-    def visit(node_id):
-        if state.get(node_id) == "done":
-            return
-        if state.get(node_id) == "visiting":
-            raise ValueError(f"the graph has a cycle through node {node_id}")
-        state[node_id] = "visiting"
-        for value in graph[node_id].get("inputs", {}).values():
-            if is_link(value):
-                visit(value[0])
-        state[node_id] = "done"
-        order.append(node_id)
-
-    for node_id in outputs:
-        visit(node_id)
+    for root in outputs:
+        stack = [(root, False)]
+        while stack:
+            node_id, expanded = stack.pop()
+            if expanded:
+                state[node_id] = "done"
+                order.append(node_id)
+                continue
+            if state.get(node_id) == "done":
+                continue
+            if state.get(node_id) == "visiting":
+                raise ValueError(f"the graph has a cycle through node {node_id}")
+            state[node_id] = "visiting"
+            stack.append((node_id, True))
+            links = [v[0] for v in graph[node_id].get("inputs", {}).values() if is_link(v)]
+            stack += [(n, False) for n in reversed(links) if state.get(n) != "done"]
     return order
 
 

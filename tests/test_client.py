@@ -26,7 +26,7 @@ def _frame(payload: bytes) -> bytes:
     return head + payload
 
 
-def _serve(server: socket.socket) -> None:
+def _serve(server: socket.socket, events=EVENTS) -> None:
     """Answer the three requests a client makes: the websocket, POST /prompt, GET /history."""
     for _ in range(3):
         conn, _ = server.accept()
@@ -39,7 +39,7 @@ def _serve(server: socket.socket) -> None:
             accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
             conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                          b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
-            threading.Thread(target=_stream, args=(conn,), daemon=True).start()
+            threading.Thread(target=_stream, args=(conn, events), daemon=True).start()
             continue
         body = {"prompt_id": PROMPT_ID, "number": 0, "node_errors": {}} if line.startswith("POST") else \
             {PROMPT_ID: {"outputs": {"3": {"text": ["seven"]}}, "status": {"status_str": "success"}}}
@@ -49,12 +49,15 @@ def _serve(server: socket.socket) -> None:
         conn.close()
 
 
-def _stream(conn) -> None:
+def _stream(conn, events) -> None:
+    """Send the events, then drop the connection (a server that stops mid-run sends no final event)."""
     import time
 
     time.sleep(0.2)  # after the client has posted its prompt
-    for event in EVENTS:
+    for event in events:
         conn.sendall(_frame(json.dumps(event).encode()))
+    time.sleep(0.2)
+    conn.close()
 
 
 def test_submit_follows_its_prompt_and_returns_the_outputs():
