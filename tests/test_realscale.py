@@ -78,6 +78,13 @@ def test_merged_patterns_match_what_each_pattern_matches():
     assert len(each) == 2 * rs.REAL_LAYERS  # the routers: kept ties, full precision
 
 
+def test_the_merge_applies_to_the_installed_auto_round():
+    """A version or code change in auto-round turns the merge off; the pack then needs a fresh check."""
+    from diffusiongemma.dgemma import quant
+
+    assert quant._autoround_convert_module() is not None
+
+
 def test_merge_keeps_patterns_that_are_not_plain_names():
     assert merge_patterns(["b.c", "a", "x(?=y)", "a"]) == ["a|b.c", "x(?=y)"]
     assert merge_patterns([]) == []
