@@ -12,7 +12,7 @@ import torch
 from . import preflight
 from .payloads import DGemmaModel
 from .preflight import short
-from .quant import after_load, check_packed, check_quant, model_class
+from .quant import after_load, check_packed, check_quant, merged_tie_patterns, model_class
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
@@ -192,10 +192,10 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
                          "and set local_files_only") from exc
     check_quant(quant, config, where)
     stored, per_dtype = stored_bytes(folder, where, local, config)
-    placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device)
+    placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device, quant=quant)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
-    with cancel_checks(should_cancel):
+    with cancel_checks(should_cancel), merged_tie_patterns(quant):
         model = model_class(quant).from_pretrained(
             where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local,
             use_kernels=False, trust_remote_code=False, device_map=placement.device_map,

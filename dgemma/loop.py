@@ -14,6 +14,7 @@ import torch
 
 from .cache import encode_ids, input_device
 from .knobs import Knobs
+from .schedstep import step_with_entropy
 from .trace import Frame, Recorder
 from .versions import cache_kw
 
@@ -44,10 +45,12 @@ class AdaptiveStop:
         self.argmax = canvas
         self.history = torch.full((STABILITY_STEPS, *canvas.shape), -1, dtype=torch.long, device=device)
 
-    def apply(self, canvas, logits, entropy):
+    def apply(self, canvas, logits):
         """(canvas after the stop, per-position mask of what the stop committed, block done?)."""
         if self.confidence <= 0:
             return canvas, torch.zeros_like(canvas, dtype=torch.bool), False
+        # the pipeline's own measure: float entropy of the scaled logits, paid only when the stop is on
+        entropy = torch.distributions.Categorical(logits=logits.float()).entropy()
         nxt = torch.where(self.frozen[:, None], self.argmax, logits.argmax(dim=-1))
         stable = (self.history == nxt[None]).all(dim=-1).all(dim=0)
         self.history = torch.roll(self.history, shifts=-1, dims=0)
@@ -109,11 +112,10 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
         for step in range(n_steps):
             if should_cancel is not None and should_cancel():
                 raise Cancelled(len(recorder))
-            out = scheduler.step(blocks.logits(canvas, self_cond).to(blocks.device), step, canvas,
-                                 generator=generator)
+            out, entropy = step_with_entropy(scheduler, blocks.logits(canvas, self_cond).to(blocks.device), step,
+                                             canvas, generator)
             self_cond = out.pred_logits
-            entropy = torch.distributions.Categorical(logits=self_cond.float()).entropy()
-            canvas, committed, stopped = stop.apply(out.prev_sample, self_cond, entropy)
+            canvas, committed, stopped = stop.apply(out.prev_sample, self_cond)
             frame = recorder.add(block, step, canvas, out.accepted_index, committed, entropy)
             if on_frame is not None:
                 on_frame(frame)

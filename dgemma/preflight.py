@@ -228,8 +228,14 @@ def free_vram() -> int:
     return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
 
-def plan(weight_bytes: int, device: str, ram: int | None = None, vram: int | None = None) -> Plan:
-    """Choose the placement for `device` (auto, cuda or cpu) or refuse with the fix."""
+def plan(weight_bytes: int, device: str, ram: int | None = None, vram: int | None = None,
+         quant: str = "none") -> Plan:
+    """Choose the placement for `device` (auto, cuda or cpu) or refuse with the fix.
+
+    An AutoRound model is never split between GPU and CPU: accelerate's offload of its packed
+    layers fails inside from_pretrained ("weight is on the meta device"), so it goes whole to one
+    device or is refused here, before any weight is read.
+    """
     ram = free_ram() if ram is None else ram
     vram = free_vram() if vram is None else vram
     need = f"{weight_bytes / GIB:.1f} GiB"
@@ -240,6 +246,12 @@ def plan(weight_bytes: int, device: str, ram: int | None = None, vram: int | Non
         return Plan("cpu", None, None, weight_bytes)
     if weight_bytes <= vram * HEADROOM:
         return Plan("cuda", {"": 0}, None, weight_bytes)
+    if quant == "autoround":
+        gpu_needs = f"{weight_bytes / HEADROOM / GIB:.1f} GiB"
+        raise ValueError(f"the AutoRound weights need {need} but the GPU has {vram / GIB:.1f} GiB free, and an "
+                         "AutoRound model cannot be split between GPU and CPU; free GPU memory until "
+                         f"{gpu_needs} is free, or choose device cpu (needs {gpu_needs} of RAM, "
+                         f"{ram / GIB:.1f} GiB free)")
     if device == "cuda":
         raise ValueError(f"the weights need {need} but the GPU has {vram / GIB:.1f} GiB free; choose device auto "
                          "to offload the rest to CPU RAM, or quant autoround (about 30 GB for the real model)")

@@ -12,8 +12,10 @@ packed layers wherever the checkpoint's two copies are bit-identical.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import threading
 
 import torch
 
@@ -82,6 +84,72 @@ def model_class(quant: str):
     from transformers import DiffusionGemmaForBlockDiffusion
 
     return _autoround_class() if quant == "autoround" else DiffusionGemmaForBlockDiffusion
+
+
+_PATCH_LOCK = threading.Lock()  # the wrapped auto-round attribute is module-global
+_MERGE_TESTED = ("0.16",)  # auto-round versions whose pattern use the merge was checked against
+_PLAIN_NAME = re.compile(r"[\w.\-]+")
+
+
+@contextlib.contextmanager
+def merged_tie_patterns(quant: str):
+    """While loading, hand auto-round its keep-in-full-precision patterns as one regex.
+
+    auto-round searches every linear name (23,705 at the real geometry) with every such pattern
+    (726: each kept tie's two ends) through `re.search(re.compile(p), name)`; past re's 512-entry
+    cache every call recompiles, about 11 minutes of one core before any weight is read. One
+    alternation of the plain-name patterns matches exactly the names one of them matches and
+    compiles once. Applied only to the tested versions, by wrapping the module attribute for the
+    length of our call; nothing installed is edited.
+    """
+    convert = _autoround_convert_module() if quant == "autoround" else None
+    if convert is None:
+        yield
+        return
+    original = convert.get_modules_to_not_convert
+
+    def merged(*args, **kwargs):
+        return merge_patterns(original(*args, **kwargs))
+
+    with _PATCH_LOCK:
+        convert.get_modules_to_not_convert = merged
+        try:
+            yield
+        finally:
+            convert.get_modules_to_not_convert = original
+
+
+def merge_patterns(patterns) -> list[str]:
+    """The plain-name patterns (letters, digits, `_.-`) as one alternation, any other pattern kept as is.
+
+    re.search with `a|b` finds a match exactly when re.search with `a` or with `b` does.
+    """
+    patterns = sorted(set(patterns or ()))
+    plain = [p for p in patterns if _PLAIN_NAME.fullmatch(p)]
+    rest = [p for p in patterns if not _PLAIN_NAME.fullmatch(p)]
+    return (["|".join(plain)] if plain else []) + rest
+
+
+def _autoround_convert_module():
+    """auto-round's convert_model module, if its pattern use is the one the merge was checked against."""
+    try:
+        import auto_round
+        from auto_round.inference import convert_model
+    except ImportError:
+        return None
+    names = _code_names(getattr(getattr(convert_model, "skip_not_convert_modules", None), "__code__", None))
+    version = ".".join(str(getattr(auto_round, "__version__", "")).split(".")[:2])
+    if version not in _MERGE_TESTED or not {"get_modules_to_not_convert", "search", "compile"} <= names:
+        return None
+    return convert_model if callable(getattr(convert_model, "get_modules_to_not_convert", None)) else None
+
+
+def _code_names(code) -> set[str]:
+    """Global and attribute names a function's code (and the code nested in it) uses."""
+    if code is None:
+        return set()
+    nested = [c for c in code.co_consts if hasattr(c, "co_names")]
+    return set(code.co_names).union(*(_code_names(c) for c in nested))
 
 
 def after_load(model, quant: str) -> None:

@@ -1,0 +1,180 @@
+"""A real-geometry slice of DiffusionGemma and its AutoRound INT4 twin, built on the CPU and cached.
+
+The slice has every tensor at the released shape (hidden 2816, 128 experts, vocabulary 262,144,
+the vision tower's width) but only a sliding and a full-attention text layer and one vision
+layer. It is written module by module (random init by the model's own _init_weights, bf16), one
+shard at a time, so building it holds about one shard in memory. The twin is made by auto-round
+itself at the published layout: group size 64, bf16, auto-round's own shard and extra-file names.
+Both live under ~/.cache/dgemma-real-slice/<key of the builder's sources and library versions>,
+never in the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from . import realscale
+
+LAYERS, VISION_LAYERS = 2, 1
+SHARD_BYTES = 1 << 30
+# auto-round writes the packed blocks as it goes and everything else last; it saves a tied tensor
+# once per shard and puts the dropped copy (the decoder's embedding and norm) in
+# model_extra_tensors.safetensors. This size keeps the packed layers (~1.6 GB) apart from the two
+# embeddings (~3.0 GB together), as in the published checkpoint.
+INT4_SHARD = "3050MB"
+HERE = Path(__file__).resolve().parent
+
+
+def cache_root() -> Path:
+    import auto_round
+    import torch
+    import transformers
+
+    sources = b"".join((HERE / f).read_bytes() for f in ("realslice.py", "realscale.py", "tiny_tokenizer.py"))
+    versions = f"{torch.__version__}|{transformers.__version__}|{auto_round.__version__}".encode()
+    key = hashlib.sha256(sources + versions).hexdigest()[:12]
+    base = Path(os.environ.get("DGEMMA_REAL_SLICE_CACHE", Path.home() / ".cache" / "dgemma-real-slice"))
+    return base / key
+
+
+def slice_dir() -> Path:
+    """The bf16 slice, built on first use."""
+    return _cached("bf16", build_slice)
+
+
+def int4_dir() -> Path:
+    """The slice quantized by auto-round (W4A16, group 64), built on first use."""
+    return _cached("int4", lambda out: quantize_slice(slice_dir(), out))
+
+
+def _cached(name: str, build) -> Path:
+    out = cache_root() / name
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(f"{name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        build(tmp)
+        tmp.rename(out)
+    return out
+
+
+def build_slice(out: Path, seed: int = 0) -> Path:
+    """Write the bf16 slice to `out`, one module's tensors at a time."""
+    import torch
+    from safetensors.torch import save_file
+
+    from .tiny import _edit_json, generation_config
+    from .tiny_tokenizer import build_tokenizer
+
+    config = realscale.real_config(LAYERS, VISION_LAYERS)
+    config.dtype = torch.bfloat16
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = realscale.meta_model(config)
+    finally:
+        torch.set_default_dtype(previous)
+    stored = set(model.state_dict()) - set(model.all_tied_weights_keys)
+    torch.manual_seed(seed)
+    shards, pending, size = [], {}, 0
+    for prefix, module in model.named_modules():
+        own = {f"{prefix}.{n}" if prefix else n: t for n, t in
+               [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]}
+        if not stored.intersection(own):
+            continue
+        module.to_empty(device="cpu", recurse=False)
+        model._init_weights(module)
+        for n, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            full = f"{prefix}.{n}" if prefix else n
+            if full in stored:
+                pending[full] = t.detach().to(torch.bfloat16).contiguous()
+                size += pending[full].nbytes
+        module.to_empty(device="meta", recurse=False)
+        if size >= SHARD_BYTES:
+            shards.append(pending)
+            _write(out, len(shards), pending, save_file)
+            pending, size = {}, 0
+    if pending:
+        shards.append(pending)
+        _write(out, len(shards), pending, save_file)
+    _finish_shards(out, len(shards))
+    model.config.save_pretrained(out)
+    generation_config().save_pretrained(out)
+    tok = build_tokenizer(realscale.REAL_TEXT["vocab_size"], seed=seed)
+    tok.save_pretrained(out)
+    _edit_json(out / "tokenizer_config.json", lambda d: d.update(processor_class="GemmaTokenizer"))
+    _release_config(out / "config.json")
+    return out
+
+
+def _write(out: Path, number: int, tensors: dict, save_file) -> None:
+    save_file(tensors, out / f"shard-{number}.safetensors", metadata={"format": "pt"})
+    names = {k: number for k in tensors}
+    index = out / "names.json"
+    known = json.loads(index.read_text()) if index.is_file() else {}
+    index.write_text(json.dumps({**known, **names}))
+    tensors.clear()
+
+
+def _finish_shards(out: Path, count: int) -> None:
+    """Rename the shards as save_pretrained names them and write the index."""
+    names = json.loads((out / "names.json").read_text())
+    (out / "names.json").unlink()
+    final = {i: f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)}
+    total = 0
+    for i, name in final.items():
+        (out / f"shard-{i}.safetensors").rename(out / name)
+        total += _tensor_bytes(out / name)
+    index = {"metadata": {"total_size": total}, "weight_map": {k: final[v] for k, v in sorted(names.items())}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _tensor_bytes(path: Path) -> int:
+    from ..dgemma.preflight import safetensors_bytes
+
+    return safetensors_bytes(path)[0]
+
+
+def _release_config(path: Path) -> None:
+    """The released config.json's fields (readable by every supported transformers)."""
+    from .tiny import _edit_json
+
+    def edit(data):
+        tc = data["text_config"]
+        tc.pop("per_layer_config", None)
+        tc.update(global_head_dim=realscale.REAL_TEXT["global_head_dim"], attention_k_eq_v=True,
+                  num_global_key_value_heads=realscale.REAL_TEXT["num_global_key_value_heads"])
+        data["vision_config"].pop("rope_parameters", None)
+    _edit_json(path, edit)
+
+
+def quantize_slice(source: Path, out: Path) -> Path:
+    """auto-round's RTN W4A16 at group size 64, saved in its own format and file names."""
+    import torch
+    from auto_round import AutoRound
+    from auto_round.algorithms.quantization.rtn.config import RTNConfig
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(source, dtype=torch.bfloat16, use_kernels=False)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    staging = out / "autoround"
+    routers = {name: {"bits": 16, "data_type": "fp"} for name in realscale.quantization_config(LAYERS)["extra_config"]
+               if name.endswith("router.proj")}  # the published checkpoint keeps them at 16 bits
+    ar = AutoRound(model, tokenizer=tokenizer, scheme="W4A16", device_map="cpu", layer_config=routers,
+                   alg_configs=RTNConfig(disable_opt_rtn=True, group_size=realscale.GROUP_SIZE))
+    ar.quantize_and_save(str(staging), format="auto_round", max_shard_size=INT4_SHARD)
+    del ar, model
+    written = next(p.parent for p in staging.rglob("config.json"))
+    for path in written.iterdir():
+        shutil.move(str(path), out / path.name)
+    shutil.rmtree(staging)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (source / name).is_file():
+            shutil.copy2(source / name, out / name)
+    _release_config(out / "config.json")
+    return out
