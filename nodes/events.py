@@ -3,7 +3,7 @@
 One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per step, one
 `dgemma.done` at the end with status "done", "error" or "interrupted". A step carries the canvas
 as short per-position strings plus one state digit per position by the engine's one rule
-(dgemma/states.py): "0" noise, "1" new, "2" settled; the start event carries the palette.
+(dgemma/states.py): "0" noise, "1" new, "2" settled, "3" pinned; the start event carries the palette.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ def _piece(text: str) -> str:
 def step_states(frame, previous) -> str:
     """State digits of `frame`; `previous` is the step before in the same run, or None."""
     rows = [frame] if previous is None else [previous, frame]
+    pinned = None if frame.pinned is None else np.stack([
+        f.pinned if f.pinned is not None else np.zeros_like(f.accepted) for f in rows])
     states = position_states(np.stack([f.ids for f in rows]), np.stack([f.accepted for f in rows]),
-                             np.array([f.block for f in rows]))[-1]
+                             np.array([f.block for f in rows]), pinned)[-1]
     return "".join(map(str, states.tolist()))
 
 
