@@ -129,6 +129,13 @@ class CanvasTrace:
         return sum(a.nbytes for a in arrays if a is not None)
 
 
+def frame_from_row(row: tuple, canvas_length: int) -> Frame:
+    """The Frame of one recorded row (see `Recorder.add`), e.g. the last step of a resumed run."""
+    unpack = lambda bits: np.unpackbits(bits, count=canvas_length).astype(bool)
+    return Frame(row[0], row[1], row[7], row[8], row[2], unpack(row[3]), row[4], unpack(row[5]),
+                 None if row[6] is None else unpack(row[6]))
+
+
 class Recorder:
     """Collects frames during a run and freezes them into a CanvasTrace.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dgemma.states import hex_palette, position_states
+from ..dgemma.trace import frame_from_row
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
@@ -40,9 +41,21 @@ class StepStream:
         self.previous = None
         self.count = 0  # steps sent, all blocks together
 
-    def start(self) -> dict:
-        return {"node": self.node, "blocks": self.blocks, "steps": self.steps,
-                "canvas_length": self.canvas_length, "palette": hex_palette()}
+    def start(self, resumed_rows=()) -> dict:
+        """The run's start; a resumed run also carries where it resumes, so the view continues from it."""
+        event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
+                 "canvas_length": self.canvas_length, "palette": hex_palette()}
+        if resumed_rows:
+            frames = [frame_from_row(r, self.canvas_length) for r in resumed_rows[-2:]]
+            self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None
+            ends = [r for r, nxt in zip(resumed_rows, resumed_rows[1:]) if nxt[0] != r[0]]
+            event["resumed"] = {"finished": [self._pieces(r[2]) for r in ends if r[0] < resumed_rows[-1][0]],
+                                "step": self.step(frames[-1])}
+            self.count = 0
+        return event
+
+    def _pieces(self, ids) -> str:
+        return "".join(_piece(self.token_strings[i]) for i in ids.tolist())
 
     def step(self, frame) -> dict:
         event = {
@@ -56,8 +69,10 @@ class StepStream:
         self.count += 1
         return event
 
-    def done(self, steps_used: int, text: str) -> dict:
-        return {"node": self.node, "status": "done", "steps_used": steps_used, "text": text[:MAX_TEXT]}
+    def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
+        """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""
+        return {"node": self.node, "status": "done", "steps_used": steps_used, "text": text[:MAX_TEXT],
+                "paused": paused}
 
     def failed(self, error: BaseException) -> dict:
         """The end of a run that raised: interrupted by the user, or an error with its message."""

@@ -183,3 +183,37 @@ def test_each_scheduler_matches_the_pipeline(tiny_model, scheduling, gen_length)
     assert list(ours.state.raw_ids) == sequence
     assert np.array_equal(ours.trace.ids, np.array(canvases))
     assert ours.trace.scheduler_name == scheduling.diffusers_name
+
+
+def test_node_chain_equals_one_node_and_the_view_resumes(tiny_model):
+    import fakecomfy  # noqa: F401
+    from executor import call
+
+    from diffusiongemma import NODE_CLASS_MAPPINGS
+    from diffusiongemma.nodes import host
+
+    cls = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
+    base = dict(model=tiny_model, prompt=PROMPT, seed=5, num_inference_steps=6, t_min=0.4, t_max=0.8,
+                entropy_bound=0.1, confidence=0.0, gen_length=32, thinking=False, scheduler="entropy_bound",
+                pins="", start_step=0, end_step=1024)
+    whole, _ = call(cls, **base)
+    first, _ = call(cls, **{**base, "end_step": 4})
+    events = []
+    host.listen(lambda name, data: events.append((name, data)))
+    try:
+        second, _ = call(cls, **{**base, "start_step": 4, "canvas_state": first[1]})
+    finally:
+        host._listeners.clear()
+    assert first[1].paused and not second[1].paused
+    assert second[0] == whole[0] and second[3] == whole[3]  # text and every frame's text
+    assert second[4].shape == whole[4].shape
+    start = events[0][1]
+    assert events[0][0] == "dgemma.start" and start["resumed"]["step"]["step"] == 3
+    assert start["resumed"]["step"]["tokens"] == events[0][1]["resumed"]["step"]["tokens"]
+    steps = [d for n, d in events if n == "dgemma.step"]
+    assert [d["step"] for d in steps] == [4, 5]
+    plain, _ = call(NODE_CLASS_MAPPINGS["DGemmaSampler"], **{k: v for k, v in base.items()
+                                                            if k not in ("scheduler", "pins", "start_step",
+                                                                         "end_step")})
+    with pytest.raises(InputError, match="keep no resume data"):
+        call(cls, **{**base, "start_step": 4, "canvas_state": plain[1]})

@@ -116,6 +116,11 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       return;
     }
     const status = doneEv?.status ?? (doneEv ? "done" : null);
+    if (status === "done" && doneEv.paused) {
+      setHeader(`paused at block ${last.block + 1} step ${last.step + 1} · resumable canvas_state`
+        + ` · committed ${num((last.committed ?? 0) * 100, 0)}%`);
+      return;
+    }
     if (status === "done") {
       setHeader(`done, ${doneEv.steps_used ?? "?"} steps · committed ${num((last.committed ?? 0) * 100, 0)}%`);
       return;
@@ -187,6 +192,12 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
       for (const [name, colour] of Object.entries(ev?.palette ?? {})) {
         if (PALETTE_VARS[name] && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(PALETTE_VARS[name], colour);
+      }
+      // A resumed run continues from the canvas where the earlier sampler paused, not from noise.
+      const resumed = ev?.resumed;
+      if (resumed && resumed.step && Array.isArray(resumed.step.tokens)) {
+        finished = Array.isArray(resumed.finished) ? resumed.finished.map(String) : [];
+        last = { ...resumed.step, block: Number(resumed.step.block) || 0, step: Number(resumed.step.step) || 0 };
       }
     },
 
