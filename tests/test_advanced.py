@@ -11,9 +11,12 @@ import torch
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.context import encode_context
 from diffusiongemma.dgemma.errors import InputError
+from diffusiongemma.dgemma.images import render_frames
 from diffusiongemma.dgemma.resume import Advanced, check_advanced
+from diffusiongemma.dgemma.runlog import records, replay
 from diffusiongemma.dgemma.schedulers import Scheduling
 from diffusiongemma.dgemma.states import PINNED
+from diffusiongemma.dgemma.tokens import frame_texts
 from diffusiongemma.dgemma.versions import _release
 
 PROMPT = "What is 3+4?"
@@ -85,17 +88,24 @@ def test_knobs_may_change_between_windows_and_are_recorded(tiny_model):
     assert second.trace.knob_index.tolist() == [0, 0, 0, 1, 1, 1]
 
 
-def test_demo_answers_inside_pinned_text(demo_model):
+@pytest.mark.parametrize("pins", ["1: thought\\n3+4=7", "___{1}thought\n3+4=7___", "___{1}thought\n3+4=8___"])
+def test_demo_answers_inside_pinned_text(demo_model, pins):
     knobs = Knobs(seed=0, gen_length=32, thinking=True)
-    pins = "1: thought\\n3+4=7"
     result = generate(demo_model, "What is 3+4?", knobs, advanced=Advanced(pins=pins))
-    assert result.text == "seven"
+    assert result.text == "seven"  # even around a wrong pinned thought: the answer comes from the prompt
     pinned = result.trace.pinned
     ids = result.trace.ids
     held = np.flatnonzero(pinned[0])
     assert held.tolist() == list(range(1, 14))
     assert (ids[:, held] == ids[0, held]).all()  # pinned positions never change
     assert (result.trace.states()[:, held] == PINNED).all()
+    frames = frame_texts(result.trace, demo_model.token_strings)
+    rows = records(result.trace, result.config, result.state, frames)
+    assert rows[1]["pinned"] == held.tolist()
+    again = replay(rows[0], rows[1:-1])
+    assert np.array_equal(again.states(), result.trace.states())
+    assert np.array_equal(render_frames(again, again.token_strings), render_frames(result.trace,
+                                                                                    demo_model.token_strings))
 
 
 def test_template_pins_and_blanks(tiny_model):
