@@ -26,8 +26,8 @@ def _unescape(text: str) -> str:
     return text.replace("\\\\", "\0").replace("\\n", "\n").replace("\0", "\\")
 
 
-def pieces(text: str) -> list[tuple[int, str]]:
-    """(answer position in blank units or pair positions, text) before tokenizing: see `parse`."""
+def pieces(text: str) -> tuple[list[tuple[int, str]], str]:
+    """The `position: text` pairs and the template (every other line), before tokenizing."""
     pairs, template = [], []
     for line in text.split("\n"):
         m = PAIR.match(line)
