@@ -43,7 +43,7 @@ def same_run(a, b):
     assert a.trace.block_stopped_early == b.trace.block_stopped_early
 
 
-@pytest.mark.parametrize("gen_length, ks", [(32, [1]), (32, [3]), (32, [2, 5]), (96, [2]), (96, [4])])
+@pytest.mark.parametrize("gen_length, ks", [(32, [1]), (32, [3]), (32, [2, 5]), (600, [2]), (600, [4])])
 def test_chained_windows_equal_one_run(tiny_model, gen_length, ks):
     knobs = Knobs(seed=7, num_inference_steps=8, gen_length=gen_length, confidence=0.0)
     whole = generate(tiny_model, PROMPT, knobs, advanced=Advanced())
@@ -171,9 +171,9 @@ def pipeline_run(dm, knobs, scheduler, temperature):
 @pytest.mark.skipif(_release("transformers")[:2] >= (5, 24),
                     reason="diffusers' pipeline passes past_key_values, renamed in transformers 5.24")
 @pytest.mark.parametrize("scheduling, gen_length", [
-    (Scheduling("block_refinement", temperature=0.7, threshold=0.5), 96),
+    (Scheduling("block_refinement", temperature=0.7, threshold=0.5), 600),
     (Scheduling("block_refinement", temperature=0.0, editing_threshold=0.3), 32),
-    (Scheduling("discrete_ddim", temperature=1.0), 96),
+    (Scheduling("discrete_ddim", temperature=1.0), 600),
     (Scheduling("discrete_ddim", temperature=0.8, corrector_steps=1, corrector_k=3), 32),
     (Scheduling("entropy_bound"), 96),
 ])
@@ -193,6 +193,7 @@ def test_each_scheduler_matches_the_pipeline(tiny_model, scheduling, gen_length)
     assert list(ours.state.raw_ids) == sequence
     assert np.array_equal(ours.trace.ids, np.array(canvases))
     assert ours.trace.scheduler_name == scheduling.diffusers_name
+    assert ours.state.blocks == len(sequence) // dm.canvas_length
 
 
 def test_node_chain_equals_one_node_and_the_view_resumes(tiny_model):
@@ -227,3 +228,13 @@ def test_node_chain_equals_one_node_and_the_view_resumes(tiny_model):
                                                                          "end_step")})
     with pytest.raises(InputError, match="keep no resume data"):
         call(cls, **{**base, "start_step": 4, "canvas_state": plain[1]})
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_chained_windows_over_several_blocks_on_a_kv_context(tiny_model, k):
+    dm = dataclasses.replace(tiny_model, eos_ids=())  # random weights: never stop on a stray EOS
+    ctx = encode_context(dm, "Some context to condition on.")
+    knobs = Knobs(seed=11, num_inference_steps=6, gen_length=600, confidence=0.005)
+    whole = generate(dm, PROMPT, knobs, context=ctx)
+    assert whole.state.blocks == 3
+    same_run(chained(dm, knobs, [k], context=ctx), whole)
