@@ -117,6 +117,8 @@ def summary(trace, mode: str = "commit") -> str:
                      f"token; {NAMES[1]} (amber) = newly committed or changed at this step; {NAMES[0]} (grey) = "
                      "not committed (renoised to a random token); the adaptive stop commits every position "
                      "of a block's last step")
+        if trace.pinned_bits is not None:
+            lines.append(f"{NAMES[3]} (blue) = held in place by a pin (it never changes)")
     else:
         anchors = ", ".join(f"{name} {anchor_nats(i):.2f}" for i, name in enumerate(RAMP_NAMES))
         lines.append(f"colours: entropy of the distribution the scheduler accepted from (logits / T) on a "

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .fonts import BLANK, SUBSTITUTE, GlyphAtlas, default_atlas
-from .states import NEW, NOISE, PALETTE, SETTLED
+from .states import NEW, NOISE, PALETTE, PINNED, SETTLED
 
 # Per-cell colour states: the position states, then the caption's own.
 CAPTION = len(PALETTE)
@@ -30,6 +30,8 @@ MARGIN_Y, CAPTION_GAP = 4, 4  # the side margins are one blank cell each
 SPACE, NEWLINE = -1, -2   # layout codes beside tile ids
 NEWLINE_MARK = "\u21b5"   # shows a newline inline when line breaks would not fit
 UNIT_CACHE_LIMIT = 200_000
+LEGEND = (("new", NEW), (" settled", SETTLED), (" noise", NOISE))
+LEGEND_PINNED = LEGEND + ((" pinned", PINNED),)  # only a run with pins shows it
 
 
 def _lut() -> np.ndarray:
@@ -215,7 +217,7 @@ class FrameRenderer:
                 states.append(state)
         right: list[tuple[int, int]] = []
         if legend:
-            for text, state in (("new", NEW), (" settled", SETTLED), (" noise", NOISE), ("  ", CAPTION)):
+            for text, state in (*(LEGEND if legend is True else legend), ("  ", CAPTION)):
                 right += [(max(c, BLANK), state) for c in self.units(text)]
             right += [(SUBSTITUTE, CAPTION)] + [(max(c, BLANK), CAPTION) for c in self.units(" no glyph")]
         gap = self.cols - len(tiles) - len(right)
@@ -335,8 +337,8 @@ def captions(trace) -> list[list[tuple[str, int]]]:
         return []
     per_block = np.bincount(trace.blocks.astype(np.int64))
     committed = trace.accepted.mean(axis=1)
-    return [caption(int(b), trace.num_blocks, int(s), int(per_block[b]), trace.knobs.temperature(int(s)),
-                    float(c)) for b, s, c in zip(trace.blocks, trace.steps, committed)]
+    return [caption(int(b), trace.num_blocks, int(s), int(per_block[b]), trace.t_and_temperature(i)[1],
+                    float(c)) for i, (b, s, c) in enumerate(zip(trace.blocks, trace.steps, committed))]
 
 
 def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtype=np.uint8) -> np.ndarray:
@@ -345,6 +347,8 @@ def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtyp
     r = renderer(trace.canvas_length)
     if not canvases:
         return np.zeros((0, *r.size(), 3), dtype)
+    if legend and trace.pinned_bits is not None:
+        legend = LEGEND_PINNED
     return r.render(canvases, trace.states(), captions(trace),
                     legend=legend, dtype=dtype)
 

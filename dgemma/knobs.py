@@ -58,9 +58,9 @@ def _default(name: str):
     return KNOBS[name].default
 
 
-def check_knob(name: str, value) -> None:
+def check_knob(name: str, value, table: dict | None = None) -> None:
     """Refuse a value of the wrong type or outside the table's range, naming the knob."""
-    spec = KNOBS[name]
+    spec = (KNOBS if table is None else table)[name]
     if spec.kind is bool:
         if not isinstance(value, bool):
             raise InputError(name, f"{name} must be true or false, got {value!r}")

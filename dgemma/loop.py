@@ -1,20 +1,25 @@
 """The block-diffusion loop: the one path every run takes (plain, thinking, KV context, multi-block).
 
 Per block: a uniform random canvas at the next global positions, decoder forwards with
-self-conditioning, diffusers' EntropyBoundScheduler step, the adaptive stop of diffusers 0.42 /
-transformers generate, then the committed canvas is encoded into the cache for the next block.
+self-conditioning, a diffusers scheduler step (EntropyBoundScheduler unless a `Plan` picks another),
+pins put back, the adaptive stop of diffusers 0.42 / transformers generate, then the committed
+canvas is encoded into the cache for the next block. A `Plan` may also start the first block
+later in its schedule, pause at a step (leaving what resuming needs in `plan.paused`) and resume.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from .cache import encode_ids, input_device
 from .knobs import Knobs
-from .schedstep import step_with_entropy
+from .pins import Pins
+from .schedulers import Scheduling, Stepper
 from .trace import Frame, Recorder
 from .versions import cache_kw
 
@@ -45,12 +50,10 @@ class AdaptiveStop:
         self.argmax = canvas
         self.history = torch.full((STABILITY_STEPS, *canvas.shape), -1, dtype=torch.long, device=device)
 
-    def apply(self, canvas, logits):
+    def apply(self, canvas, logits, entropy):
         """(canvas after the stop, per-position mask of what the stop committed, block done?)."""
         if self.confidence <= 0:
             return canvas, torch.zeros_like(canvas, dtype=torch.bool), False
-        # the pipeline's own measure: float entropy of the scaled logits, paid only when the stop is on
-        entropy = torch.distributions.Categorical(logits=logits.float()).entropy()
         nxt = torch.where(self.frozen[:, None], self.argmax, logits.argmax(dim=-1))
         stable = (self.history == nxt[None]).all(dim=-1).all(dim=0)
         self.history = torch.roll(self.history, shifts=-1, dims=0)
@@ -59,6 +62,32 @@ class AdaptiveStop:
         self.argmax = nxt
         committed = self.frozen[:, None].expand_as(canvas)
         return torch.where(committed, self.argmax, canvas), committed, bool(self.frozen.all())
+
+    def copy(self, confidence: float) -> AdaptiveStop:
+        """An independent copy (apply only rebinds its tensors) with the knob now in force."""
+        new = copy.copy(self)
+        new.confidence = confidence
+        return new
+
+
+@dataclass
+class Plan:
+    """How an advanced run walks the schedule: scheduler, window [start, end) and pins.
+
+    `resume` is the `paused` dict of an earlier run to continue; the loop fills `paused` when it
+    stops at `end` with a block unfinished.
+    """
+
+    scheduling: Scheduling = field(default_factory=Scheduling)
+    start: int = 0
+    end: int | None = None
+    pins: Pins | None = None
+    resume: dict | None = None
+    paused: dict | None = None
+
+
+def _pin(canvas, pins):
+    return canvas if pins is None else torch.where(pins[0], pins[1], canvas)
 
 
 class BlockDecoder:
@@ -76,13 +105,17 @@ class BlockDecoder:
 
     def start_block(self, generator):
         """A uniform random canvas at the next global positions; returns it."""
+        self.enter_block()
+        return torch.randint(0, self.vocab, (1, self.L), device=self.device, generator=generator)
+
+    def enter_block(self) -> None:
+        """Positions and attention mask of the block after what the cache holds."""
         start = self.cache.get_seq_length()
         self.positions = torch.arange(start, start + self.L, device=self.device).unsqueeze(0)
         self.mask = self.decoder.create_diffusion_decoder_attention_mask(
             config=self.config, inputs_embeds=torch.empty((1, self.L, 0), device=self.device),
             decoder_attention_mask=torch.ones((1, start + self.L), dtype=torch.bool, device=self.device),
             **{self.mask_kw: self.cache})
-        return torch.randint(0, self.vocab, (1, self.L), device=self.device, generator=generator)
 
     def logits(self, canvas, self_cond):
         return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_cond,
@@ -90,33 +123,52 @@ class BlockDecoder:
                           **{self.model_kw: self.cache}).logits
 
 
+def _open_block(blocks, plan, block, first, done, knobs, stepper, generator):
+    """(canvas, self_cond, stop, first step) of `block`: resumed where the plan paused, else fresh."""
+    at = plan.resume
+    if at is not None and block == at["block"]:
+        blocks.enter_block()
+        stepper.restore(at["scheduler_state"])
+        return at["canvas"], at["self_cond"], at["stop"].copy(knobs.confidence), at["step"]
+    if done:
+        encode_ids(blocks.model, blocks.cache, done[-1])
+    canvas = blocks.start_block(generator)
+    return canvas, None, AdaptiveStop(knobs.confidence, canvas, blocks.device), plan.start if block == first else 0
+
+
 @torch.no_grad()
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],
                    recorder: Recorder, on_frame: Callable[[Frame], None] | None = None,
-                   should_cancel: Callable[[], bool] | None = None, encode_last: bool = False) -> torch.Tensor:
-    """Generate blocks onto `cache` (which grows); returns the committed ids, shape (B, blocks*L)."""
-    from diffusers import EntropyBoundScheduler
+                   should_cancel: Callable[[], bool] | None = None, encode_last: bool = False,
+                   plan: Plan | None = None) -> torch.Tensor:
+    """Generate blocks onto `cache` (which grows); returns the ids so far, shape (B, blocks*L).
 
-    n_steps = knobs.num_inference_steps
-    scheduler = EntropyBoundScheduler(entropy_bound=knobs.entropy_bound, t_max=knobs.t_max,
-                                      t_min=knobs.t_min, num_inference_steps=n_steps)
+    A paused run returns its finished blocks and the unfinished canvas, and fills `plan.paused`.
+    """
+    plan = plan if plan is not None else Plan()
     blocks = BlockDecoder(model, cache)
-    scheduler.set_timesteps(n_steps, device=blocks.device)
+    stepper = recorder.clock = Stepper(plan.scheduling, knobs, blocks.L, blocks.device)
     eos = torch.tensor(eos_ids, device=blocks.device)
-    done: list[torch.Tensor] = []
-    for block in range(num_blocks(knobs.gen_length, blocks.L)):
-        if done:
-            encode_ids(model, cache, done[-1])
-        canvas = blocks.start_block(generator)
-        stop, self_cond, stopped = AdaptiveStop(knobs.confidence, canvas, blocks.device), None, False
-        for step in range(n_steps):
+    done: list[torch.Tensor] = list(plan.resume["done"]) if plan.resume else []
+    first = plan.resume["block"] if plan.resume else 0
+    for block in range(first, num_blocks(knobs.gen_length, blocks.L)):
+        pins = plan.pins.for_block(block, blocks.L, blocks.device) if plan.pins is not None else None
+        canvas, self_cond, stop, step0 = _open_block(blocks, plan, block, first, done, knobs, stepper, generator)
+        canvas, stopped = _pin(canvas, pins), False
+        for step in range(step0, stepper.steps):
+            if plan.end is not None and step >= plan.end:
+                plan.paused = {"block": block, "step": step, "canvas": canvas, "self_cond": self_cond, "stop": stop,
+                               "scheduler_state": stepper.state(), "done": tuple(done)}
+                return torch.cat([*done, canvas], dim=-1)
             if should_cancel is not None and should_cancel():
                 raise Cancelled(len(recorder))
-            out, entropy = step_with_entropy(scheduler, blocks.logits(canvas, self_cond).to(blocks.device), step,
-                                             canvas, generator)
-            self_cond = out.pred_logits
-            canvas, committed, stopped = stop.apply(out.prev_sample, self_cond)
-            frame = recorder.add(block, step, canvas, out.accepted_index, committed, entropy)
+            canvas, accepted, self_cond = stepper.step(blocks.logits(canvas, self_cond).to(blocks.device), step,
+                                                       canvas, generator, blocks.logits)
+            entropy = torch.distributions.Categorical(logits=self_cond.float()).entropy()
+            canvas, committed, stopped = stop.apply(canvas, self_cond, entropy)
+            canvas = _pin(canvas, pins)
+            frame = recorder.add(block, step, canvas, accepted, committed, entropy,
+                                 None if pins is None else pins[0])
             if on_frame is not None:
                 on_frame(frame)
             if stopped:

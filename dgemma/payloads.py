@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from .errors import InputError
@@ -75,6 +75,9 @@ class CanvasState:
     steps_used: int                # steps executed, all blocks together
     blocks: int
     run_id: str = field(default="", compare=False)  # the same id as the run's trace and config
+    paused: bool = False           # an advanced run stopped at its end_step with a block unfinished
+    # What an advanced run needs to be continued exactly (dgemma/resume.py): tensors, memory only.
+    resume: object = field(default=None, compare=False, repr=False)
 
     @property
     def finished_honestly(self) -> bool:
@@ -82,7 +85,9 @@ class CanvasState:
         return self.turn_closed and self.answer_tokens > 0
 
     def asdict(self) -> dict:
-        return {**asdict(self), "finished_honestly": self.finished_honestly}
+        """The readout as plain values; the resume data is never part of it."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "resume"}
+        return {**values, "finished_honestly": self.finished_honestly}
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .cache import encode_ids, input_device, new_cache
+from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
 from .errors import InputError
 from .excision import excise, thought_text
 from .knobs import Knobs
 from .loop import denoise_blocks, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
+from .resume import Advanced, Resume, check_resume
 from .seeding import make_generator
 from .tokens import check_text, prompt_ids
 from .trace import CanvasTrace, Frame, Recorder
@@ -67,32 +69,59 @@ def turn_ids(dm, prompt: str, knobs: Knobs, context) -> list[int]:
 
 def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None,
              on_frame: Callable[[Frame], None] | None = None,
-             should_cancel: Callable[[], bool] | None = None, advance_context: bool = False) -> RunResult:
+             should_cancel: Callable[[], bool] | None = None, advance_context: bool = False,
+             advanced: Advanced | None = None) -> RunResult:
     """Generate an answer to `prompt` (the turn), optionally on top of a KV `context`.
 
     The context is never modified: the run works on a fork. With `advance_context` the result
-    carries a new context holding context + turn + every generated block.
+    carries a new context holding context + turn + every generated block. `advanced` picks the
+    scheduler, window and pins, and may resume an earlier advanced run; its state is resumable.
     """
     check_inputs(dm, prompt, knobs, context)
-    turn = turn_ids(dm, prompt, knobs, context)
+    resume = advanced.resume if advanced is not None else None
+    if resume is not None:
+        check_resume(resume, dm, prompt, knobs, context, advanced.scheduling)
+    turn = turn_ids(dm, prompt, knobs, context) if resume is None else []
+    plan = advanced.plan(dm, knobs) if advanced is not None else None
     model = dm.model
-    cache = context.fork_for(dm) if context is not None else new_cache(model)
-    if turn:
-        encode_ids(model, cache, turn)
-    generator = make_generator(knobs.seed, input_device(model))
-    recorder = Recorder(knobs, dm.canvas_length, dm.token_strings)
-    sequence = denoise_blocks(model, cache, knobs, generator, dm.eos_ids, recorder, on_frame=on_frame,
-                              should_cancel=should_cancel, encode_last=advance_context)
+    recorder = Recorder(knobs, dm.canvas_length, dm.token_strings,
+                        resumed=resume.recorded if resume is not None else None)
+    if resume is not None:
+        recorder.use_knobs(advanced.knob_set(knobs))
+    elif advanced is not None:
+        recorder.knob_sets = [advanced.knob_set(knobs)]
+    if resume is not None and resume.finished:
+        sequence, cache, generator = resume.ids, None, None
+    else:
+        cache, generator = _start(dm, turn, context, knobs, resume)
+        sequence = denoise_blocks(model, cache, knobs, generator, dm.eos_ids, recorder, on_frame=on_frame,
+                                  should_cancel=should_cancel, encode_last=advance_context, plan=plan)
     summary = context.summary() if context is not None else None
     run_id = uuid.uuid4().hex
-    trace = recorder.finish(context=summary, run_id=run_id)
+    trace = recorder.finish(context=summary, run_id=run_id, scheduler=advanced.scheduler(knobs) if advanced else ())
     state = read_state(dm, sequence[0].tolist(), trace)
+    if advanced is not None:
+        paused = plan.paused if plan is not None and cache is not None else None
+        keep = Resume(model, prompt, context, knobs, advanced.scheduling.name, recorder.snapshot(), sequence,
+                      paused, cache if paused else None,
+                      generator.get_state() if paused else None)
+        state = dataclasses.replace(state, paused=paused is not None, resume=keep)
     config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, **dm.describe())
-    advanced = None
-    if advance_context:
+    new_context = None
+    if advance_context and not state.paused and resume is None:
         held = turn + list(state.raw_ids)
-        advanced = context.advanced(cache, held) if context is not None else mint(dm, cache, held)
-    return RunResult(state.text, state, trace, config, advanced)
+        new_context = context.advanced(cache, held) if context is not None else mint(dm, cache, held)
+    return RunResult(state.text, state, trace, config, new_context)
+
+
+def _start(dm, turn, context, knobs, resume):
+    """The cache and generator a run starts from: fresh (prefilled with the turn) or the resumed run's."""
+    if resume is not None:
+        return fork_cache(resume.cache), resume.generator(input_device(dm.model))
+    cache = context.fork_for(dm) if context is not None else new_cache(dm.model)
+    if turn:
+        encode_ids(dm.model, cache, turn)
+    return cache, make_generator(knobs.seed, input_device(dm.model))
 
 
 def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace) -> CanvasState:

@@ -48,9 +48,10 @@ def check_one_run(trace, config, state, frames_text) -> None:
                                    "give the frames of the same run")
 
 
-def _frame_record(frame, text: str, token_strings) -> dict:
+def _frame_record(frame, text: str, token_strings, knob_set: int) -> dict:
     ent = frame.entropy.astype(np.float32)
-    return {
+    pinned = {} if frame.pinned is None else {"pinned": np.flatnonzero(frame.pinned).tolist()}
+    return {**pinned, "knob_set": knob_set,
         "record_type": "frame", "block": frame.block, "step": frame.step, "t": frame.t,
         "temperature": frame.temperature, "committed_fraction": frame.committed_fraction,
         "entropy_summary": {"mean": float(ent.mean()), "min": float(ent.min()), "max": float(ent.max())},
@@ -75,14 +76,17 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "dtype": config.dtype, "canvas_length": trace.canvas_length,
         "injection_present": config.context is not None, "injected_cache_provenance": config.context,
         "block_stopped_early": list(trace.block_stopped_early),
+        "knob_sets": list(trace.knob_sets),  # the knobs in force; each frame names its set
     }
     out = [header]
-    out += [_frame_record(f, text, trace.token_strings) for f, text in zip(trace.frames(), frames_text)]
+    sets = trace.knob_index.tolist() if trace.knob_index is not None else [0] * len(trace)
+    out += [_frame_record(f, text, trace.token_strings, k)
+            for f, text, k in zip(trace.frames(), frames_text, sets)]
     out.append({"record_type": "final", "raw_ids": list(state.raw_ids), "steps_used": state.steps_used,
                 "text": state.text, "converged": state.converged, "committed_fraction": state.committed_fraction,
                 "turn_closed": state.turn_closed, "answer_tokens": state.answer_tokens, "thought": state.thought,
                 "stray_thought_delimiter": state.stray_thought_delimiter,
-                "finished_honestly": state.finished_honestly})
+                "finished_honestly": state.finished_honestly, "paused": state.paused})
     return out
 
 
@@ -126,9 +130,10 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
     strings: dict[int, str] = {}
     for f in frames:
         strings.update(zip(f["canvas_ids"], f["tokens"]))
-    stop = np.zeros((len(frames), L), bool)
-    for row, f in zip(stop, frames):
+    stop, pinned = np.zeros((len(frames), L), bool), np.zeros((len(frames), L), bool)
+    for row, pin, f in zip(stop, pinned, frames):
         row[f.get("stop_committed", [])] = True
+        pin[f.get("pinned", [])] = True
     values = {**header, "num_inference_steps": header["num_inference_steps_requested"]}
     knobs = Knobs(**{name: values[name] for name in KNOBS})
     column = lambda key, dtype: np.array([f[key] for f in frames], dtype)
@@ -138,4 +143,7 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
         entropy=np.zeros((len(frames), L), np.float16), scheduler_name=header.get("scheduler_name", ""),
         context=header.get("injected_cache_provenance"),
         block_stopped_early=tuple(header.get("block_stopped_early", ())),
-        stop_bits=np.packbits(stop, axis=1), run_id=header.get("run_id", ""), token_strings=strings)
+        stop_bits=np.packbits(stop, axis=1), run_id=header.get("run_id", ""), token_strings=strings,
+        pinned_bits=np.packbits(pinned, axis=1) if any("pinned" in f for f in frames) else None,
+        times=np.array([(f["t"], f["temperature"]) for f in frames], np.float32),
+        scheduler_settings=header.get("scheduler_config"))

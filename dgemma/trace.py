@@ -28,6 +28,7 @@ class Frame:
     accepted: np.ndarray    # committed after this step
     entropy: np.ndarray
     stop: np.ndarray        # committed by the adaptive stop, not by the scheduler
+    pinned: np.ndarray | None = None  # held by a pin (also counted in `accepted`)
 
     @property
     def committed_fraction(self) -> float:
@@ -56,6 +57,11 @@ class CanvasTrace:
     stop_bits: np.ndarray | None = None  # (S, ceil(L/8)) packed: committed by the adaptive stop
     run_id: str = field(default="", compare=False)
     token_strings: object = field(default=(), repr=False, compare=False)  # id -> display text (shared)
+    pinned_bits: np.ndarray | None = None  # (S, ceil(L/8)) packed: held by a pin; None when nothing was pinned
+    times: np.ndarray | None = None        # (S, 2) float32: schedule position t and temperature T of each step
+    knob_sets: tuple = ()                  # the knobs in force, one dict per window of the run
+    knob_index: np.ndarray | None = None   # (S,) uint8 index into knob_sets of each step
+    scheduler_settings: dict | None = None  # the scheduler's own config, when not the knobs' entropy bound
 
     def __len__(self) -> int:
         return int(self.steps.shape[0])
@@ -66,6 +72,8 @@ class CanvasTrace:
 
     @property
     def scheduler_config(self) -> dict:
+        if self.scheduler_settings is not None:
+            return dict(self.scheduler_settings)
         k = self.knobs
         return {"entropy_bound": k.entropy_bound, "t_min": k.t_min, "t_max": k.t_max,
                 "num_inference_steps": k.num_inference_steps}
@@ -90,63 +98,116 @@ class CanvasTrace:
         """(S, L) bool: the scheduler's own accepted mask."""
         return self.accepted & ~self.stop
 
+    @property
+    def pinned(self) -> np.ndarray | None:
+        """(S, L) bool: positions held by a pin, or None when the run pinned nothing."""
+        return None if self.pinned_bits is None else self._unpack(self.pinned_bits)
+
     def states(self) -> np.ndarray:
         """(S, L) position states by the one rule of `states.position_states`."""
-        return position_states(self.ids, self.accepted, self.blocks)
+        return position_states(self.ids, self.accepted, self.blocks, self.pinned)
+
+    def t_and_temperature(self, i: int) -> tuple[float, float]:
+        if self.times is not None:
+            return float(self.times[i, 0]), float(self.times[i, 1])
+        step = int(self.steps[i])
+        return self.knobs.position(step), self.knobs.temperature(step)
 
     def frame(self, i: int) -> Frame:
-        step = int(self.steps[i])
-        return Frame(int(self.blocks[i]), step, self.knobs.position(step), self.knobs.temperature(step),
+        pinned = None if self.pinned_bits is None else self._unpack(self.pinned_bits, i)
+        return Frame(int(self.blocks[i]), int(self.steps[i]), *self.t_and_temperature(i),
                      self.ids[i], self._unpack(self.accepted_bits, i), self.entropy[i],
-                     self._unpack(self.stop_bits, i))
+                     self._unpack(self.stop_bits, i), pinned)
 
     def frames(self):
         return (self.frame(i) for i in range(len(self)))
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.blocks, self.steps, self.ids, self.accepted_bits, self.entropy, self.stop_bits)
+        arrays = (self.blocks, self.steps, self.ids, self.accepted_bits, self.entropy, self.stop_bits,
+                  self.pinned_bits, self.times, self.knob_index)
         return sum(a.nbytes for a in arrays if a is not None)
 
 
-class Recorder:
-    """Collects frames during a run and freezes them into a CanvasTrace."""
+def frame_from_row(row: tuple, canvas_length: int) -> Frame:
+    """The Frame of one recorded row (see `Recorder.add`), e.g. the last step of a resumed run."""
+    unpack = lambda bits: np.unpackbits(bits, count=canvas_length).astype(bool)
+    return Frame(row[0], row[1], row[7], row[8], row[2], unpack(row[3]), row[4], unpack(row[5]),
+                 None if row[6] is None else unpack(row[6]))
 
-    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=()):
+
+class Recorder:
+    """Collects frames during a run and freezes them into a CanvasTrace.
+
+    `clock` gives each step's t and T (the knobs, or the scheduler of an advanced run); a resumed
+    run starts from the rows of the run it continues.
+    """
+
+    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=(), resumed=None):
         self.knobs = knobs
         self.canvas_length = canvas_length
         self.token_strings = token_strings
-        self._rows: list[tuple] = []
-        self.stopped_early: list[bool] = []
+        self.clock = knobs
+        rows, stopped, sets = resumed if resumed is not None else ((), (), ())
+        self._rows: list[tuple] = list(rows)
+        self.stopped_early: list[bool] = list(stopped)
+        self.knob_sets: list[dict] = list(sets) or [knobs.asdict()]
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, block: int, step: int, canvas, accepted, stop, entropy) -> Frame:
+    def snapshot(self) -> tuple:
+        """What a resumed run starts from: the rows so far (immutable), block stops, knob sets."""
+        return tuple(self._rows), tuple(self.stopped_early), tuple(self.knob_sets)
+
+    def use_knobs(self, values: dict) -> None:
+        """The knobs in force from the next step on (a new window may change them)."""
+        if values != self.knob_sets[-1]:
+            self.knob_sets.append(values)
+
+    def add(self, block: int, step: int, canvas, accepted, stop, entropy, pinned=None) -> Frame:
         """Capture batch row 0 of one step's tensors; returns the frame for live consumers.
 
-        `accepted` is the scheduler's mask, `stop` what the adaptive stop committed on top of it.
+        `accepted` is the scheduler's mask, `stop` what the adaptive stop committed on top of it,
+        `pinned` what a pin holds (counted as committed).
         """
         ids = canvas[0].to("cpu", copy=True).numpy().astype(np.int32)
         by_stop = stop[0].to("cpu").numpy().astype(bool)
         scheduler = accepted[0].to("cpu").numpy().astype(bool)
         acc, by_stop = scheduler | by_stop, by_stop & ~scheduler
+        pin = None
+        if pinned is not None:
+            pin = pinned[0].to("cpu").numpy().astype(bool)
+            acc, by_stop = acc | pin, by_stop & ~pin
         ent = entropy[0].to("cpu").numpy().astype(np.float16)
-        self._rows.append((block, step, ids, np.packbits(acc), ent, np.packbits(by_stop)))
-        return Frame(block, step, self.knobs.position(step), self.knobs.temperature(step),
-                     _frozen(ids), _frozen(acc), _frozen(ent), _frozen(by_stop))
+        t, temperature = self.clock.position(step), self.clock.temperature(step)
+        self._rows.append((block, step, ids, np.packbits(acc), ent, np.packbits(by_stop),
+                           None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1))
+        return Frame(block, step, t, temperature, _frozen(ids), _frozen(acc), _frozen(ent), _frozen(by_stop),
+                     None if pin is None else _frozen(pin))
 
     def end_block(self, stopped_early: bool) -> None:
         self.stopped_early.append(stopped_early)
 
-    def finish(self, context: dict | None = None, run_id: str = "") -> CanvasTrace:
+    def _pins(self) -> np.ndarray | None:
+        if all(r[6] is None for r in self._rows):
+            return None
+        blank = np.zeros((self.canvas_length + 7) // 8, np.uint8)
+        return _frozen(np.array([blank if r[6] is None else r[6] for r in self._rows], np.uint8))
+
+    def finish(self, context: dict | None = None, run_id: str = "", scheduler: tuple = ()) -> CanvasTrace:
+        """The frozen trace; `scheduler` is (diffusers name, its config) when not the plain EntropyBound."""
         L = self.canvas_length
         rows, packed = self._rows, (0, (L + 7) // 8)
         col = lambda k, dt, shape: (np.array([r[k] for r in rows], dtype=dt) if rows else np.zeros(shape, dt))
+        times = np.array([(r[7], r[8]) for r in rows], np.float32).reshape(-1, 2)
+        name, settings = scheduler or ("EntropyBoundScheduler", None)
         return CanvasTrace(
             knobs=self.knobs, canvas_length=L,
             blocks=_frozen(col(0, np.int16, (0,))), steps=_frozen(col(1, np.int16, (0,))),
             ids=_frozen(col(2, np.int32, (0, L))), accepted_bits=_frozen(col(3, np.uint8, packed)),
-            entropy=_frozen(col(4, np.float16, (0, L))), context=context,
+            entropy=_frozen(col(4, np.float16, (0, L))), scheduler_name=name, context=context,
             block_stopped_early=tuple(self.stopped_early), stop_bits=_frozen(col(5, np.uint8, packed)),
-            run_id=run_id, token_strings=self.token_strings)
+            run_id=run_id, token_strings=self.token_strings, pinned_bits=self._pins(), times=_frozen(times),
+            knob_sets=tuple(self.knob_sets), knob_index=_frozen(col(9, np.uint8, (0,))),
+            scheduler_settings=settings)

@@ -5,6 +5,7 @@ from .encode import DGemmaEncode
 from .loader import DGemmaLoader
 from .runlog_writer import DGemmaRunLogWriter
 from .sampler import DGemmaDenoise, DGemmaSampler
+from .sampler_advanced import DGemmaSamplerAdvanced
 from .trace_heatmap import DGemmaTrace
 
 host.register_model_folder()
@@ -13,6 +14,7 @@ NODE_CLASS_MAPPINGS = {
     "DGemmaLoader": DGemmaLoader,
     "DGemmaSampler": DGemmaSampler,
     "DGemmaDenoise": DGemmaDenoise,
+    "DGemmaSamplerAdvanced": DGemmaSamplerAdvanced,
     "DGemmaEncode": DGemmaEncode,
     "DGemmaTrace": DGemmaTrace,
     "DGemmaRunLogWriter": DGemmaRunLogWriter,
@@ -22,6 +24,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaLoader": "DiffusionGemma Loader",
     "DGemmaSampler": "DiffusionGemma Sampler",
     "DGemmaDenoise": "DiffusionGemma Denoise (KV Cache)",
+    "DGemmaSamplerAdvanced": "DiffusionGemma Sampler (Advanced)",
     "DGemmaEncode": "DiffusionGemma Encode (KV Cache)",
     "DGemmaTrace": "DiffusionGemma Trace",
     "DGemmaRunLogWriter": "DiffusionGemma Run Log Writer",

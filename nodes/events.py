@@ -3,7 +3,7 @@
 One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per step, one
 `dgemma.done` at the end with status "done", "error" or "interrupted". A step carries the canvas
 as short per-position strings plus one state digit per position by the engine's one rule
-(dgemma/states.py): "0" noise, "1" new, "2" settled; the start event carries the palette.
+(dgemma/states.py): "0" noise, "1" new, "2" settled, "3" pinned; the start event carries the palette.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dgemma.states import hex_palette, position_states
+from ..dgemma.trace import frame_from_row
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
@@ -24,8 +25,10 @@ def _piece(text: str) -> str:
 def step_states(frame, previous) -> str:
     """State digits of `frame`; `previous` is the step before in the same run, or None."""
     rows = [frame] if previous is None else [previous, frame]
+    pinned = None if frame.pinned is None else np.stack([
+        f.pinned if f.pinned is not None else np.zeros_like(f.accepted) for f in rows])
     states = position_states(np.stack([f.ids for f in rows]), np.stack([f.accepted for f in rows]),
-                             np.array([f.block for f in rows]))[-1]
+                             np.array([f.block for f in rows]), pinned)[-1]
     return "".join(map(str, states.tolist()))
 
 
@@ -38,9 +41,21 @@ class StepStream:
         self.previous = None
         self.count = 0  # steps sent, all blocks together
 
-    def start(self) -> dict:
-        return {"node": self.node, "blocks": self.blocks, "steps": self.steps,
-                "canvas_length": self.canvas_length, "palette": hex_palette()}
+    def start(self, resumed_rows=()) -> dict:
+        """The run's start; a resumed run also carries where it resumes, so the view continues from it."""
+        event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
+                 "canvas_length": self.canvas_length, "palette": hex_palette()}
+        if resumed_rows:
+            frames = [frame_from_row(r, self.canvas_length) for r in resumed_rows[-2:]]
+            self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None
+            ends = [r for r, nxt in zip(resumed_rows, resumed_rows[1:]) if nxt[0] != r[0]]
+            event["resumed"] = {"finished": [self._pieces(r[2]) for r in ends if r[0] < resumed_rows[-1][0]],
+                                "step": self.step(frames[-1])}
+            self.count = 0
+        return event
+
+    def _pieces(self, ids) -> str:
+        return "".join(_piece(self.token_strings[i]) for i in ids.tolist())
 
     def step(self, frame) -> dict:
         event = {
@@ -54,8 +69,10 @@ class StepStream:
         self.count += 1
         return event
 
-    def done(self, steps_used: int, text: str) -> dict:
-        return {"node": self.node, "status": "done", "steps_used": steps_used, "text": text[:MAX_TEXT]}
+    def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
+        """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""
+        return {"node": self.node, "status": "done", "steps_used": steps_used, "text": text[:MAX_TEXT],
+                "paused": paused}
 
     def failed(self, error: BaseException) -> dict:
         """The end of a run that raised: interrupted by the user, or an error with its message."""

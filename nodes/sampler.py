@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..dgemma.images import render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
+from ..dgemma.resume import check_advanced
 from ..dgemma.run import check_inputs, generate
 from ..dgemma.tokens import frame_texts
 from . import host
@@ -25,18 +26,21 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
                 "a kv_cache wired for pure injection (the cache alone conditions the canvas).")
 
 
-def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
+def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
     with comfy_hints():
         knobs = knobs_from(knobs)
         check_inputs(model, prompt, knobs, kv_cache)  # before the view resets: a refusal leaves it as it was
+        if advanced is not None:
+            check_advanced(model, prompt, knobs, kv_cache, advanced)
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
     bar = host.Progress(blocks * steps, node_id)
     live = host.live()
     if live:
-        host.send(START, stream.start())
+        resumed = advanced.resume if advanced is not None else None
+        host.send(START, stream.start(resumed.recorded[0] if resumed is not None else ()))
 
     def on_frame(frame):
         if live:
@@ -46,14 +50,14 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
     try:
         with comfy_hints():
             result = generate(model, prompt, knobs, context=kv_cache, on_frame=on_frame,
-                              should_cancel=host.check_interrupt, advance_context=advance)
+                              should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced)
     except BaseException as err:
         if live:
             host.send(DONE, stream.failed(err))
         raise
     bar.to(blocks * steps)
     if live:
-        host.send(DONE, stream.done(result.state.steps_used, result.text))
+        host.send(DONE, stream.done(result.state.steps_used, result.text, result.state.paused))
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
                render_images(result.trace, model.token_strings), result.config)
     return outputs + ((result.context,) if advance else ())

@@ -17,10 +17,10 @@ RUN_CONFIG = "DGEMMA_RUN_CONFIG"
 _WIDGET = {int: "INT", float: "FLOAT", bool: "BOOLEAN"}
 
 
-def knob_inputs() -> dict:
-    """The Sampler's knob widgets (one per entry of the engine's KNOBS), with its ranges."""
+def knob_inputs(table: dict | None = None) -> dict:
+    """Knob widgets, one per entry of an engine table (the Sampler's KNOBS by default), with its ranges."""
     inputs = {}
-    for name, spec in KNOBS.items():
+    for name, spec in (KNOBS if table is None else table).items():
         options = {"default": spec.default, "tooltip": spec.tooltip}
         if name == "seed":
             options["control_after_generate"] = True

@@ -43,9 +43,27 @@ NOTES = {
         "thinking=true renders the chat template with the model's native thinking switch. The model writes its "
         "thought channel first; text keeps only the answer and canvas_state.thought holds the thought.",
     ],
+    "diffusiongemma_advanced_chain": [
+        "Two Advanced samplers, one run: the first runs steps [0, 6) of the schedule and pauses; its "
+        "canvas_state carries the unfinished canvas, self-conditioning, generator and cache, so the second "
+        "continues at step 6 (its live view starts from that canvas, not from noise) with a looser "
+        "entropy_bound. With the same knobs, the chain is token-, frame- and step-identical to one run.",
+    ],
+    "diffusiongemma_advanced_infill": [
+        "Pins hold text in place (blue in the live view, frames and heatmap). The template pins the thought "
+        "'thought\\n3+4=7' from answer position 1 and leaves blanks (___{1} is one position, ___ three or "
+        "more) for the model; a line '12: text' pins text at a position. The model still answers seven.",
+    ],
+    "diffusiongemma_advanced_schedulers": [
+        "One prompt, three diffusers schedulers: entropy_bound (the released default), block_refinement "
+        "(commits the most confident share each step) and discrete_ddim (ancestral DDIM, here with one "
+        "corrector sweep). Each matches diffusers' DiffusionGemmaPipeline token for token.",
+    ],
 }
 SOURCES = {"diffusiongemma_start_here": "trace_runlog", "diffusiongemma_kv_cache": "kv_cache",
-           "diffusiongemma_thinking": "thinking"}
+           "diffusiongemma_thinking": "thinking", "diffusiongemma_advanced_chain": "advanced_chain",
+           "diffusiongemma_advanced_infill": "advanced_infill",
+           "diffusiongemma_advanced_schedulers": "advanced_schedulers"}
 
 
 def _depths(graph: dict) -> dict:

@@ -5,13 +5,13 @@
 //
 // It paints inside its own element: a header line (block · step · T · committed), the final
 // text of the blocks already finished, then the current canvas with one span per position,
-// styled by its state ("0" noise, "1" new, "2" settled) in the colours the start event carries
+// styled by its state ("0" noise, "1" new, "2" settled, "3" pinned) in the colours the start event carries
 // (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
 // animation frame, so hundreds of steps cost no more DOM than one.
 
 const STYLE_ID = "dgemma-live-view-style";
-const STATE_CLASS = { "0": "dg-noise", "1": "dg-new", "2": "dg-settled" };
-const PALETTE_VARS = { noise: "--dg-noise", new: "--dg-new", settled: "--dg-settled" };
+const STATE_CLASS = { "0": "dg-noise", "1": "dg-new", "2": "dg-settled", "3": "dg-pinned" };
+const PALETTE_VARS = { noise: "--dg-noise", new: "--dg-new", settled: "--dg-settled", pinned: "--dg-pinned" };
 
 const CSS = `
 .dgemma-view { box-sizing: border-box; display: flex; flex-direction: column; width: 100%;
@@ -24,6 +24,7 @@ const CSS = `
 .dgemma-view .dg-prev { color: #c9ced6; }
 .dgemma-view .dg-noise { color: var(--dg-noise); }
 .dgemma-view .dg-settled { color: var(--dg-settled); }
+.dgemma-view .dg-pinned { color: var(--dg-pinned); text-decoration: underline dotted; }
 .dgemma-view .dg-new { color: var(--dg-new); background: color-mix(in srgb, var(--dg-new) 22%, transparent);
   border-radius: 2px; }
 .dgemma-view.dg-idle .dg-header { color: #6b7480; }
@@ -115,6 +116,11 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       return;
     }
     const status = doneEv?.status ?? (doneEv ? "done" : null);
+    if (status === "done" && doneEv.paused) {
+      setHeader(`paused at block ${last.block + 1} step ${last.step + 1} · resumable canvas_state`
+        + ` · committed ${num((last.committed ?? 0) * 100, 0)}%`);
+      return;
+    }
     if (status === "done") {
       setHeader(`done, ${doneEv.steps_used ?? "?"} steps · committed ${num((last.committed ?? 0) * 100, 0)}%`);
       return;
@@ -186,6 +192,12 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
       for (const [name, colour] of Object.entries(ev?.palette ?? {})) {
         if (PALETTE_VARS[name] && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(PALETTE_VARS[name], colour);
+      }
+      // A resumed run continues from the canvas where the earlier sampler paused, not from noise.
+      const resumed = ev?.resumed;
+      if (resumed && resumed.step && Array.isArray(resumed.step.tokens)) {
+        finished = Array.isArray(resumed.finished) ? resumed.finished.map(String) : [];
+        last = { ...resumed.step, block: Number(resumed.step.block) || 0, step: Number(resumed.step.step) || 0 };
       }
     },
 

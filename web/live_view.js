@@ -1,10 +1,10 @@
-// ComfyUI glue for the live canvas: one view per DGemmaSampler / DGemmaDenoise node, fed by the
+// ComfyUI glue for the live canvas: one view per sampler node (Sampler, Denoise, Advanced), fed by the
 // dgemma.start / dgemma.step / dgemma.done websocket events (see nodes/events.py).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { createCanvasView } from "./canvas_view.js";
 
-const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise"]);
+const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise", "DGemmaSamplerAdvanced"]);
 const WIDGET = "dgemma_live_view";
 const views = new WeakMap(); // LGraphNode -> canvas view
 

@@ -1,0 +1,109 @@
+"""Pins and infilling: text held in place on the canvas, typed as a template or as `position: text` lines.
+
+A template pins its text at the start of the generated answer and leaves each blank free: a run of
+three or more underscores is a blank as wide as the run, or `___{n}` is a blank of n positions.
+A line `12: text` pins `text` from answer position 12 (0 is the first generated token, across
+blocks). `\\n` in pinned text is a newline. Each piece is tokenized alone, as literal text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import InputError
+from .tokens import literal_ids
+
+BLANK = re.compile(r"_{3,}(?:\{(\d+)\})?")
+PAIR = re.compile(r"^\s*(\d+)\s*:\s?(.*)$")
+MAX_PINS_TEXT = 20_000
+
+
+def _unescape(text: str) -> str:
+    return text.replace("\\\\", "\0").replace("\\n", "\n").replace("\0", "\\")
+
+
+def pieces(text: str) -> tuple[list[tuple[int, str]], str]:
+    """The `position: text` pairs and the template (every other line), before tokenizing."""
+    pairs, template = [], []
+    for line in text.split("\n"):
+        m = PAIR.match(line)
+        if m:
+            pairs.append((int(m.group(1)), _unescape(m.group(2))))
+        elif line.strip() or template:
+            template.append(line)
+    return pairs, "\n".join(template).rstrip("\n")
+
+
+@dataclass(frozen=True, eq=False)
+class Pins:
+    """Pinned ids by answer position; `for_block` gives a block's mask and ids on the run's device."""
+
+    positions: np.ndarray  # (P,) int64 answer positions
+    ids: np.ndarray        # (P,) int64 token ids
+    source: str = ""
+
+    def __len__(self) -> int:
+        return int(self.positions.size)
+
+    def for_block(self, block: int, canvas_length: int, device):
+        """(mask (1, L) bool, ids (1, L) long) of the pins in `block`, or None when it has none."""
+        lo = block * canvas_length
+        sel = (self.positions >= lo) & (self.positions < lo + canvas_length)
+        if not sel.any():
+            return None
+        mask = torch.zeros((1, canvas_length), dtype=torch.bool, device=device)
+        ids = torch.zeros((1, canvas_length), dtype=torch.long, device=device)
+        where = torch.as_tensor(self.positions[sel] - lo, device=device)
+        mask[0, where] = True
+        ids[0, where] = torch.as_tensor(self.ids[sel], device=device)
+        return mask, ids
+
+    def summary(self) -> dict:
+        return {"text": self.source, "positions": self.positions.tolist(), "ids": self.ids.tolist()}
+
+
+def _template(tokenizer, template: str) -> list[tuple[int, list[int]]]:
+    out, pos, at = [], 0, 0
+    for m in BLANK.finditer(template):
+        ids = literal_ids(tokenizer, _unescape(template[at:m.start()])) if m.start() > at else []
+        out.append((pos, ids))
+        pos += len(ids) + (int(m.group(1)) if m.group(1) else len(m.group(0)))
+        at = m.end()
+    tail = _unescape(template[at:])
+    if tail:
+        out.append((pos, literal_ids(tokenizer, tail)))
+    return out
+
+
+def parse(dm, text: str, positions_available: int) -> Pins | None:
+    """Pins from the widget's text (None when empty); refuses overlaps and pins past the canvas."""
+    if not isinstance(text, str):
+        raise InputError("pins", f"pins must be text, got {type(text).__name__}")
+    if not text.strip():
+        return None
+    if len(text) > MAX_PINS_TEXT:
+        raise InputError("pins", f"pins is {len(text)} characters, over {MAX_PINS_TEXT}; pin less text")
+    pairs, template = pieces(text)
+    if template and not BLANK.search(template):
+        raise InputError("pins", f"pins line {template.splitlines()[0]!r} is neither `position: text` nor a "
+                                 "template with a blank (___); add a blank where the model writes, or a position")
+    spans = _template(dm.tokenizer, template) if template else []
+    spans += [(p, literal_ids(dm.tokenizer, t)) for p, t in pairs]
+    taken: dict[int, int] = {}
+    for start, ids in spans:
+        for offset, token in enumerate(ids):
+            p = start + offset
+            if p >= positions_available:
+                raise InputError("pins", f"pins reach answer position {p}, past the {positions_available} "
+                                         "positions this gen_length generates; raise gen_length or pin earlier")
+            if p in taken:
+                raise InputError("pins", f"two pins claim answer position {p}; give each position one pin")
+            taken[p] = token
+    if not taken:
+        raise InputError("pins", "pins holds no text to pin (only blanks); type the text around the blanks")
+    order = sorted(taken)
+    return Pins(np.array(order, np.int64), np.array([taken[p] for p in order], np.int64), text)

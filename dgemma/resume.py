@@ -1,0 +1,146 @@
+"""Advanced runs: a window of the schedule, pins, a choice of scheduler, and resuming a paused run.
+
+A `Resume` is everything exact continuation needs (the unfinished canvas, the self-conditioning
+logits, the generator's state, the cache, block and step, the adaptive stop's state, the
+scheduler's own state, the steps recorded so far). It lives in memory only: the run log never
+writes it. At the real vocabulary the self-conditioning logits alone are canvas x vocab (256 x
+262,144, about 134 MB in bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+from .knobs import Knobs, KnobSpec, check_knob
+from .loop import Plan, num_blocks
+from .pins import Pins
+from .pins import parse as parse_pins
+from .schedulers import USES, Scheduling, budget
+
+WINDOW_KNOBS: dict[str, KnobSpec] = {
+    "start_step": KnobSpec(
+        int, 0, 0, 1024, 1,
+        "First step of the schedule this node runs (0-based, per block). A fresh canvas starts from noise at this "
+        "point; with canvas_state it must be the step where that run paused."),
+    "end_step": KnobSpec(
+        int, 1024, 1, 1024, 1,
+        "The node pauses when a block reaches this step (exclusive) and hands on a resumable canvas_state; at or "
+        "past num_inference_steps it runs to the end."),
+}
+RESUMED_FIXED = ("gen_length", "num_inference_steps", "thinking")  # they shape the run; the rest may change
+
+
+@dataclass(frozen=True, eq=False)
+class Resume:
+    """Where an advanced run stopped (or that it finished), in memory only; never mutated."""
+
+    model: object
+    prompt: str
+    context: object
+    knobs: Knobs
+    scheduler: str
+    recorded: tuple                  # Recorder.snapshot(): the steps so far
+    ids: torch.Tensor                # (1, n) the blocks so far, the unfinished canvas last
+    paused: dict | None = None       # the loop's pause point; None when the run finished
+    cache: object = None
+    generator_state: torch.Tensor | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.paused is None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors held for exact continuation (the cache not counted)."""
+        p = self.paused or {}
+        held = [self.ids, self.generator_state, p.get("canvas"), p.get("self_cond"), p.get("scheduler_state")]
+        return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+
+    def generator(self, device) -> torch.Generator:
+        g = torch.Generator(device=device)
+        g.set_state(self.generator_state.clone())
+        return g
+
+
+def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pins: Pins | None,
+                resume: Resume | None) -> Plan:
+    """Check the window against the scheduler's steps (and a resumed run's pause) and build the plan."""
+    if not isinstance(scheduling, Scheduling):
+        raise InputError("scheduler", f"scheduler must be a Scheduling, got {type(scheduling).__name__}")
+    for name, value in (("start_step", start_step), ("end_step", end_step)):
+        check_knob(name, value, WINDOW_KNOBS)
+    steps = budget(knobs.num_inference_steps, scheduling.corrector_steps)[0] \
+        if scheduling.name == "discrete_ddim" else knobs.num_inference_steps
+    if start_step >= end_step:
+        raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
+                                       "[start_step, end_step) would run no step")
+    if start_step >= steps:
+        raise InputError("start_step", f"start_step {start_step} is past the last step of the schedule "
+                                       f"({steps} steps per block); set it below {steps}")
+    if resume is not None and not resume.finished and start_step != resume.paused["step"]:
+        raise InputError("start_step", f"canvas_state paused at step {resume.paused['step']} of block "
+                                       f"{resume.paused['block'] + 1}, but start_step is {start_step}; set "
+                                       f"start_step to {resume.paused['step']} to continue it")
+    return Plan(scheduling=scheduling, start=start_step, end=end_step if end_step < steps else None, pins=pins,
+                resume=None if resume is None else resume.paused)
+
+
+def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Scheduling) -> None:
+    """Refuse a canvas_state that cannot continue into this run, naming what differs and the fix."""
+    if not isinstance(resume, Resume):
+        raise InputError("canvas_state", f"canvas_state must be the canvas_state of a DGemmaSamplerAdvanced run, "
+                                         f"got {type(resume).__name__}; wire it from an advanced sampler")
+    if resume.model is not dm.model:
+        raise InputError("canvas_state", "canvas_state comes from a run on another model; wire the same model "
+                                         "into both samplers")
+    if resume.prompt != prompt:
+        raise InputError("prompt", f"prompt differs from the resumed run's ({resume.prompt[:60]!r}); a resumed "
+                                   "run continues its own prompt, so give the same prompt")
+    if resume.context is not context:
+        raise InputError("context", "the KV context differs from the resumed run's; wire the same kv_cache "
+                                    "(or none) into both samplers")
+    for name in RESUMED_FIXED:
+        was, now = getattr(resume.knobs, name), getattr(knobs, name)
+        if was != now:
+            raise InputError(name, f"{name} is {now!r} but the resumed run used {was!r}; it shapes the whole run, "
+                                   f"so set it to {was!r}")
+    if resume.scheduler != scheduling.name:
+        raise InputError("scheduler", f"scheduler is {scheduling.name!r} but the resumed run used "
+                                      f"{resume.scheduler!r}; set it to {resume.scheduler!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Advanced:
+    """What an advanced run asks for beyond the knobs: scheduler, window, pins, and a run to resume."""
+
+    scheduling: Scheduling = Scheduling()
+    start_step: int = 0
+    end_step: int = WINDOW_KNOBS["end_step"].default
+    pins: str = ""
+    resume: Resume | None = None
+
+    def plan(self, dm, knobs: Knobs) -> Plan:
+        """The loop's plan; refuses a bad window or bad pins (no model work is done here)."""
+        pins = parse_pins(dm, self.pins, num_blocks(knobs.gen_length, dm.canvas_length) * dm.canvas_length)
+        return window_plan(dm, knobs, self.scheduling, self.start_step, self.end_step, pins, self.resume)
+
+    def knob_set(self, knobs: Knobs) -> dict:
+        """The knobs in force in this window, the scheduler's own included."""
+        s = self.scheduling
+        return {**knobs.asdict(), "scheduler": s.name, **{k: getattr(s, k) for k in USES[s.name] if hasattr(s, k)},
+                "start_step": self.start_step, "end_step": self.end_step, "pins": self.pins}
+
+    def scheduler(self, knobs: Knobs) -> tuple[str, dict]:
+        return self.scheduling.diffusers_name, self.scheduling.config(knobs)
+
+
+def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced) -> None:
+    """Every check of an advanced run that needs no model work (after `run.check_inputs`)."""
+    if not isinstance(advanced, Advanced):
+        raise InputError("advanced", f"advanced must be an Advanced, got {type(advanced).__name__}")
+    if advanced.resume is not None:
+        check_resume(advanced.resume, dm, prompt, knobs, context, advanced.scheduling)
+    advanced.plan(dm, knobs)

@@ -1,0 +1,71 @@
+"""DGemmaSamplerAdvanced: a choice of scheduler, a window of the schedule, pins, and a resumable canvas_state."""
+
+from __future__ import annotations
+
+from ..dgemma.errors import InputError
+from ..dgemma.payloads import CanvasState
+from ..dgemma.resume import WINDOW_KNOBS, Advanced
+from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
+from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
+from .schema import CANVAS_STATE, KV_CACHE, SAMPLER_OUTPUTS, comfy_hints, knob_inputs, output_spec
+
+PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
+                "answer, each blank (___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; "
+                "a line '12: text' pins text from answer position 12. \\n is a newline. Empty: no pins.")
+SCHEDULER_TOOLTIP = ("Which diffusers scheduler runs the steps: entropy_bound (the released default: accepts the "
+                     "lowest-entropy positions within entropy_bound nats), block_refinement (commits the most "
+                     "confident share of the canvas each step, plus any above threshold), discrete_ddim (ancestral "
+                     "sampling of the uniform posterior, optional corrector sweeps).")
+STATE_IN_TOOLTIP = ("Resume exactly where an earlier DGemmaSamplerAdvanced stopped (its end_step): same model, "
+                    "prompt, kv_cache, gen_length, num_inference_steps, thinking and scheduler; the other knobs may "
+                    "change. seed is not used: the resumed run's generator continues.")
+STATE_OUT_TOOLTIP = ("Honesty readout, plus (in memory only, never in the run log) what resuming needs: canvas, "
+                     "self-conditioning logits (canvas x vocab: about 134 MB in bf16 at the real vocabulary), "
+                     "generator, cache, block and step. paused is true when the node stopped at end_step.")
+
+ADVANCED_OUTPUTS = tuple((t, n, STATE_OUT_TOOLTIP if n == "canvas_state" else tip, lst)
+                         for t, n, tip, lst in SAMPLER_OUTPUTS)
+
+
+def resume_of(canvas_state):
+    """The resume data a wired canvas_state carries; a plain Sampler's state has none and is refused."""
+    if canvas_state is None:
+        return None
+    if isinstance(canvas_state, CanvasState) and canvas_state.resume is None:
+        raise InputError("canvas_state", "canvas_state comes from a DGemmaSampler or DGemmaDenoise, which keep no "
+                                         "resume data; wire the canvas_state of a DGemmaSamplerAdvanced")
+    return canvas_state.resume if isinstance(canvas_state, CanvasState) else canvas_state
+
+
+class DGemmaSamplerAdvanced(DGemmaSampler):
+    FUNCTION = "sample_advanced"
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(ADVANCED_OUTPUTS)
+    DESCRIPTION = ("The Sampler with a choice of scheduler, a window [start_step, end_step) of each block's "
+                   "schedule (like KSamplerAdvanced), pins that hold text in place (infilling), and a canvas_state "
+                   "that the next Advanced sampler resumes exactly: two chained windows give the same tokens, "
+                   "frames and steps as one run. Knobs may change between windows; each frame records them.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        spec = super().INPUT_TYPES()
+        spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
+        spec["required"].update({
+            "scheduler": (list(SCHEDULERS), {"default": SCHEDULERS[0], "tooltip": SCHEDULER_TOOLTIP}),
+            **knob_inputs(WINDOW_KNOBS),
+            "pins": ("STRING", {"multiline": True, "default": "", "tooltip": PINS_TOOLTIP}),
+        })
+        spec["optional"] = {
+            "kv_cache": (KV_CACHE, {"tooltip": "Encoded CONTEXT from DGemmaEncode (raw text, no chat framing); "
+                                               "leave unwired for a plain run."}),
+            "canvas_state": (CANVAS_STATE, {"tooltip": STATE_IN_TOOLTIP}),
+            **knob_inputs(SCHEDULER_KNOBS),
+        }
+        return spec
+
+    def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
+                        canvas_state=None, unique_id=None, **knobs):
+        own = {k: knobs.pop(k) for k in list(knobs) if k in SCHEDULER_KNOBS}
+        with comfy_hints():
+            resume = resume_of(canvas_state)
+            advanced = Advanced(Scheduling(scheduler, **own), start_step, end_step, pins, resume)
+        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, **knobs)
