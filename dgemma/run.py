@@ -18,6 +18,7 @@ from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .seeding import make_generator
 from .tokens import check_text, prompt_ids
 from .trace import CanvasTrace, Frame, Recorder
+from .vision import check_image_tensor, check_vision, prepare_images
 
 MAX_TURN_TOKENS = 8192  # the turn is encoded in one forward; longer text belongs in a KV context
 
@@ -33,8 +34,8 @@ class RunResult:
     context: object | None = None  # the KVCache advanced by this run, when asked for
 
 
-def check_inputs(dm, prompt, knobs, context) -> None:
-    """Every check that needs no model work: types, emptiness, the cache's fit."""
+def check_inputs(dm, prompt, knobs, context, image=None) -> None:
+    """Every check that needs no model work: types, emptiness, the cache's fit, the image's shape."""
     check_model(dm)
     check_text("prompt", prompt)
     if not isinstance(knobs, Knobs):
@@ -42,16 +43,20 @@ def check_inputs(dm, prompt, knobs, context) -> None:
     if context is not None and not isinstance(context, KVCache):
         raise InputError("context", f"the KV context must be an encoded context, got {type(context).__name__}; "
                                     "encode one with encode_context")
-    if context is None and not prompt.strip():
+    if image is not None:
+        check_image_tensor("image", image)
+        check_vision("image", dm)
+    if context is None and image is None and not prompt.strip():
         raise InputError("prompt", "prompt is empty; type a prompt, or give an encoded KV context for a "
                                    "pure-injection run")
     if context is not None:
         context.check_model(dm)
 
 
-def turn_ids(dm, prompt: str, knobs: Knobs, context) -> list[int]:
+def turn_ids(dm, prompt: str, knobs: Knobs, context, images=None) -> list[int]:
     """The turn's ids, refused when it or the whole run exceeds what the model can take."""
-    turn = prompt_ids(dm, prompt, knobs.thinking, with_bos=context is None) if prompt.strip() else []
+    has_turn = bool(prompt.strip()) or images is not None
+    turn = prompt_ids(dm, prompt, knobs.thinking, with_bos=context is None, images=images) if has_turn else []
     if len(turn) > MAX_TURN_TOKENS:
         raise InputError("prompt", f"prompt is {len(turn)} tokens, over the limit of {MAX_TURN_TOKENS} for a "
                                    "turn; shorten it, or encode the long part as a KV context")
@@ -65,20 +70,23 @@ def turn_ids(dm, prompt: str, knobs: Knobs, context) -> list[int]:
     return turn
 
 
-def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None,
+def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
              on_frame: Callable[[Frame], None] | None = None,
              should_cancel: Callable[[], bool] | None = None, advance_context: bool = False) -> RunResult:
     """Generate an answer to `prompt` (the turn), optionally on top of a KV `context`.
 
-    The context is never modified: the run works on a fork. With `advance_context` the result
-    carries a new context holding context + turn + every generated block.
+    `image` (a ComfyUI IMAGE batch, [B, H, W, C] in 0..1) joins the turn as B images before the
+    text; the encoder reads them, the canvas never holds them. The context is never modified: the
+    run works on a fork. With `advance_context` the result carries a new context holding context +
+    turn + every generated block.
     """
-    check_inputs(dm, prompt, knobs, context)
-    turn = turn_ids(dm, prompt, knobs, context)
+    check_inputs(dm, prompt, knobs, context, image)
+    images = prepare_images(dm, image) if image is not None else None
+    turn = turn_ids(dm, prompt, knobs, context, images)
     model = dm.model
     cache = context.fork_for(dm) if context is not None else new_cache(model)
     if turn:
-        encode_ids(model, cache, turn)
+        encode_ids(model, cache, turn, images)
     generator = make_generator(knobs.seed, input_device(model))
     recorder = Recorder(knobs, dm.canvas_length, dm.token_strings)
     sequence = denoise_blocks(model, cache, knobs, generator, dm.eos_ids, recorder, on_frame=on_frame,
@@ -87,11 +95,13 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     run_id = uuid.uuid4().hex
     trace = recorder.finish(context=summary, run_id=run_id)
     state = read_state(dm, sequence[0].tolist(), trace)
-    config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, **dm.describe())
+    image_record = images.record if images is not None else None
+    config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
+                       **dm.describe())
     advanced = None
     if advance_context:
-        held = turn + list(state.raw_ids)
-        advanced = context.advanced(cache, held) if context is not None else mint(dm, cache, held)
+        held, seen = turn + list(state.raw_ids), (image_record,) if image_record else ()
+        advanced = (context.advanced(cache, held, seen) if context is not None else mint(dm, cache, held, seen))
     return RunResult(state.text, state, trace, config, advanced)
 
 

@@ -9,18 +9,18 @@ from ..dgemma.run import check_inputs, generate
 from ..dgemma.tokens import frame_texts
 from . import host
 from .events import DONE, START, STEP, StepStream
-from .schema import CATEGORY, KV_CACHE, SAMPLER_OUTPUTS, comfy_hints, knob_inputs, model_input, output_spec
+from .schema import CATEGORY, KV_CACHE, SAMPLER_OUTPUTS, comfy_hints, image_input, knob_inputs, model_input, output_spec
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
 TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before decoding. Leave it empty with "
                 "a kv_cache wired for pure injection (the cache alone conditions the canvas).")
 
 
-def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
+def run_node(node_id, model, prompt, kv_cache=None, advance=False, image=None, **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
     with comfy_hints():
         knobs = knobs_from(knobs)
-        check_inputs(model, prompt, knobs, kv_cache)  # before the view resets: a refusal leaves it as it was
+        check_inputs(model, prompt, knobs, kv_cache, image)  # before the view resets: a refusal leaves it as it was
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
@@ -36,7 +36,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
 
     try:
         with comfy_hints():
-            result = generate(model, prompt, knobs, context=kv_cache, on_frame=on_frame,
+            result = generate(model, prompt, knobs, context=kv_cache, image=image, on_frame=on_frame,
                               should_cancel=host.check_interrupt, advance_context=advance)
     except BaseException as err:
         if live:
@@ -57,7 +57,8 @@ class DGemmaSampler:
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
                    "noise and the lowest-entropy positions are accepted step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
-                   "For context from a KV cache use DGemmaDenoise.")
+                   "An optional image is read by the encoder with the turn. For context from a KV cache use "
+                   "DGemmaDenoise.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -65,11 +66,12 @@ class DGemmaSampler:
             "required": {"model": model_input(),
                          "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": PROMPT_TOOLTIP}),
                          **knob_inputs()},
+            "optional": {"image": image_input()},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    def sample(self, model, prompt, unique_id=None, **knobs):
-        return run_node(unique_id, model, prompt, **knobs)
+    def sample(self, model, prompt, image=None, unique_id=None, **knobs):
+        return run_node(unique_id, model, prompt, image=image, **knobs)
 
 
 DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
@@ -90,8 +92,9 @@ class DGemmaDenoise(DGemmaSampler):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
         spec["optional"] = {"kv_cache": (KV_CACHE, {"tooltip": "Encoded CONTEXT from DGemmaEncode (raw text, no "
-                                                               "chat framing); leave unwired for a plain run."})}
+                                                               "chat framing); leave unwired for a plain run."}),
+                            "image": image_input()}
         return spec
 
-    def denoise(self, model, prompt, kv_cache=None, unique_id=None, **knobs):
-        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advance=True, **knobs)
+    def denoise(self, model, prompt, kv_cache=None, image=None, unique_id=None, **knobs):
+        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advance=True, image=image, **knobs)

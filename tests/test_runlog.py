@@ -13,7 +13,8 @@ from diffusiongemma.dgemma.tokens import frame_texts
 HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "prompt", "model_source", "seed",
           "num_inference_steps_requested", "num_inference_steps_effective", "gen_length", "t_min", "t_max",
           "entropy_bound", "confidence", "thinking", "scheduler_name", "scheduler_config", "quant", "device",
-          "dtype", "canvas_length", "injection_present", "injected_cache_provenance", "block_stopped_early"}
+          "dtype", "canvas_length", "injection_present", "injected_cache_provenance", "image_present", "image",
+          "block_stopped_early"}
 FRAME = {"record_type", "block", "step", "t", "temperature", "committed_fraction", "entropy_summary",
          "decoded_text", "canvas_ids", "accepted", "stop_committed", "tokens"}
 FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed_fraction", "turn_closed",
