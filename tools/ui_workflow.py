@@ -43,9 +43,17 @@ NOTES = {
         "thinking=true renders the chat template with the model's native thinking switch. The model writes its "
         "thought channel first; text keeps only the answer and canvas_state.thought holds the thought.",
     ],
+    "diffusiongemma_image": [
+        "The Sampler's optional image input: the picture goes through the model's own image processor into "
+        "the encoder (about 280 soft tokens per image on the real model), before the text of the turn. The "
+        "canvas holds only the answer, so you watch the caption anneal out of noise next to the picture.",
+        "The demo model learned one visual question: pick a colour in Empty Image (or wire Load Image with a "
+        "plain red, green, blue, yellow, cyan, magenta, white or black picture) and ask 'What colour is this?'. "
+        "run_config records the image's size and a content hash, never its pixels.",
+    ],
 }
 SOURCES = {"diffusiongemma_start_here": "trace_runlog", "diffusiongemma_kv_cache": "kv_cache",
-           "diffusiongemma_thinking": "thinking"}
+           "diffusiongemma_thinking": "thinking", "diffusiongemma_image": "image"}
 
 
 def _depths(graph: dict) -> dict:
