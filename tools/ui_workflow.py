@@ -83,11 +83,15 @@ def to_ui(graph: dict, notes: list[str]) -> dict:
                 links.append([link_id, ids[value[0]], value[1], ids[node_id], slot,
                               source.RETURN_TYPES[value[1]]])
                 out_links.setdefault((value[0], value[1]), []).append(link_id)
-    for node_id, node in graph.items():
-        cls = CLASSES[node["class_type"]]
+    # Samplers grow downward while their live view paints, so they go last in their column.
+    positions = {}
+    for node_id in sorted(graph, key=lambda n: graph[n]["class_type"] in ("DGemmaSampler", "DGemmaDenoise")):
         column = depth[node_id]
         row = rows.get(column, 0)
         rows[column] = row + 1
+        positions[node_id] = [40 + 420 * column, 60 + 330 * row]
+    for node_id, node in graph.items():
+        cls = CLASSES[node["class_type"]]
         inputs = []
         for name, spec in _sockets(cls):
             value = node["inputs"].get(name)
@@ -97,7 +101,7 @@ def to_ui(graph: dict, notes: list[str]) -> dict:
                    for i, (t, n) in enumerate(zip(cls.RETURN_TYPES, getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)))]
         values = ["fixed" if name is None else node["inputs"].get(name, _default(cls, name))
                   for name in widget_layout(cls)]
-        nodes.append({"id": ids[node_id], "type": node["class_type"], "pos": [40 + 420 * column, 60 + 330 * row],
+        nodes.append({"id": ids[node_id], "type": node["class_type"], "pos": positions[node_id],
                       "size": [380, 300 if node["class_type"] == "DGemmaSampler" else 160], "flags": {},
                       "order": len(nodes), "mode": 0, "inputs": inputs, "outputs": outputs,
                       "properties": {"Node name for S&R": node["class_type"]}, "widgets_values": values})
