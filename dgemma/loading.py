@@ -88,9 +88,18 @@ def load_image_processor(source, local_files_only: bool, processor):
         return found
     from transformers import AutoImageProcessor
 
+    failures = (ImportError, OSError, ValueError, TypeError, KeyError, AttributeError)
     try:
         return AutoImageProcessor.from_pretrained(source, local_files_only=local_files_only, trust_remote_code=False)
-    except (ImportError, OSError, ValueError, TypeError, KeyError, AttributeError):
+    except ImportError:
+        pass  # older transformers want torchvision for Gemma 4's default class; its PIL twin needs none
+    except failures:
+        return None
+    try:
+        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+        return Gemma4ImageProcessorPil.from_pretrained(source, local_files_only=local_files_only)
+    except failures:
         return None
 
 
