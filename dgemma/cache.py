@@ -29,11 +29,18 @@ def input_device(model) -> torch.device:
 
 
 @torch.no_grad()
-def encode_ids(model, cache, ids) -> None:
-    """Append `ids` to `cache` at the next global positions (position = index in the sequence)."""
+def encode_ids(model, cache, ids, images=None) -> None:
+    """Append `ids` to `cache` at the next global positions (position = index in the sequence).
+
+    `images` (an ImageInput) fills the ids' image placeholders with the vision tower's features.
+    """
     device = input_device(model)
     ids = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
     start = cache.get_seq_length()
     positions = torch.arange(start, start + ids.shape[1], device=device).unsqueeze(0)
     encoder = model.model.encoder
-    encoder(input_ids=ids, position_ids=positions, **{cache_kw(type(encoder).forward): cache})
+    extra = {}
+    if images is not None:
+        dtype = next(encoder.vision_tower.parameters()).dtype
+        extra = images.encoder_kwargs(ids, model.config.image_token_id, device, dtype)
+    encoder(input_ids=ids, position_ids=positions, **extra, **{cache_kw(type(encoder).forward): cache})

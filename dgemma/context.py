@@ -16,7 +16,8 @@ from .cache import encode_ids, fork_cache, input_device, new_cache
 from .errors import InputError
 from .loop import Cancelled
 from .payloads import check_model
-from .tokens import check_text, context_ids, literal_ids
+from .tokens import check_text, literal_ids
+from .vision import check_image_tensor, check_vision, image_token_ids, prepare_images
 
 CHUNK = 1024  # tokens encoded per forward, so a long context stays interruptible
 
@@ -46,6 +47,7 @@ class KVCache:
     model_source: str
     tokenizer_fingerprint: str
     geometry: dict
+    images: tuple[dict, ...] = ()  # provenance of the images it holds: count, sizes, content hash
 
     @property
     def length(self) -> int:
@@ -81,39 +83,60 @@ class KVCache:
 
     def summary(self) -> dict:
         ids = ",".join(map(str, self.token_ids)).encode()
-        return {"length": self.length, "model_source": self.model_source,
-                "tokenizer_fingerprint": self.tokenizer_fingerprint,
-                "token_ids_sha256": hashlib.sha256(ids).hexdigest()[:16]}
+        summary = {"length": self.length, "model_source": self.model_source,
+                   "tokenizer_fingerprint": self.tokenizer_fingerprint,
+                   "token_ids_sha256": hashlib.sha256(ids).hexdigest()[:16]}
+        # Image placeholders are the same ids for every picture: only the records tell them apart.
+        return {**summary, "images": list(self.images)} if self.images else summary
 
-    def advanced(self, cache, new_ids) -> KVCache:
+    def advanced(self, cache, new_ids, images: tuple[dict, ...] = ()) -> KVCache:
         return KVCache(cache, self.token_ids + tuple(int(i) for i in new_ids), self.model_source,
-                       self.tokenizer_fingerprint, self.geometry)
+                       self.tokenizer_fingerprint, self.geometry, self.images + tuple(images))
 
 
 def encode_context(dm, text: str, onto: KVCache | None = None,
-                   should_cancel: Callable[[], bool] | None = None) -> KVCache:
-    """Mint a cache from raw `text` (no chat framing), or advance `onto` with more text."""
+                   should_cancel: Callable[[], bool] | None = None, image=None) -> KVCache:
+    """Mint a cache from raw `text` (no chat framing), or advance `onto` with more text.
+
+    `image` (a ComfyUI IMAGE batch) is encoded before the text as bare image blocks, no chat
+    framing either; with an image the text may be empty.
+    """
     check_model(dm)
     check_text("text", text)
-    if not text.strip():
+    if image is not None:
+        check_image_tensor("image", image)
+        check_vision("image", dm)
+    if not text.strip() and image is None:
         raise InputError("text", "text is empty; type the context to encode (a document, a prior turn)")
     if onto is not None and not isinstance(onto, KVCache):
         raise InputError("context", f"the KV context to continue must be an encoded context, got "
                                     f"{type(onto).__name__}; encode one with encode_context")
     if onto is not None:
         onto.check_model(dm)
-    ids = literal_ids(dm.tokenizer, text) if onto is not None else context_ids(dm, text)
+    images = prepare_images(dm, image) if image is not None else None
+    head = [] if onto is not None else [dm.tokenizer.bos_token_id]  # a minted context carries the only BOS
+    if images is not None:
+        image_id, boi_id, eoi_id = image_token_ids(dm)
+        head = images.expand(head + [image_id] * images.record["count"], image_id, boi_id, eoi_id)
+    body = literal_ids(dm.tokenizer, text) if text.strip() else []
+    ids = head + body
     held = (onto.length if onto is not None else 0) + len(ids)
     if held > dm.max_positions:
         raise InputError("text", f"text is {len(ids)} tokens; with the context before it that is {held}, over "
                                  f"the model's {dm.max_positions} positions; shorten it")
     cache = onto.fork_for(dm) if onto is not None else new_cache(dm.model)
-    for start in range(0, len(ids), CHUNK):
+    start = 0
+    if images is not None:  # the images and their placeholders in one forward, then the text in chunks
+        encode_ids(dm.model, cache, head, images)
+        start = len(head)
+    for chunk in range(start, len(ids), CHUNK):
         if should_cancel is not None and should_cancel():
             raise Cancelled(0)
-        encode_ids(dm.model, cache, ids[start:start + CHUNK])
-    return onto.advanced(cache, ids) if onto is not None else mint(dm, cache, ids)
+        encode_ids(dm.model, cache, ids[chunk:chunk + CHUNK])
+    seen = (images.record,) if images is not None else ()
+    return onto.advanced(cache, ids, seen) if onto is not None else mint(dm, cache, ids, seen)
 
 
-def mint(dm, cache, ids) -> KVCache:
-    return KVCache(cache, tuple(int(i) for i in ids), dm.source, dm.tokenizer_fingerprint, geometry(dm.model))
+def mint(dm, cache, ids, images: tuple[dict, ...] = ()) -> KVCache:
+    return KVCache(cache, tuple(int(i) for i in ids), dm.source, dm.tokenizer_fingerprint, geometry(dm.model),
+                   tuple(images))

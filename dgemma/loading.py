@@ -80,6 +80,29 @@ def load_tokenizer(source, local_files_only: bool, vocab_size: int):
     return tokenizer, processor
 
 
+def load_image_processor(source, local_files_only: bool, processor):
+    """The processor's image half: Gemma4Processor's own, else the checkpoint's preprocessor_config.json
+    (tiny checkpoints, or the real one without torchvision). None: images are refused at run time."""
+    found = getattr(processor, "image_processor", None)
+    if found is not None:
+        return found
+    from transformers import AutoImageProcessor
+
+    failures = (ImportError, OSError, ValueError, TypeError, KeyError, AttributeError)
+    try:
+        return AutoImageProcessor.from_pretrained(source, local_files_only=local_files_only, trust_remote_code=False)
+    except ImportError:
+        pass  # older transformers want torchvision for Gemma 4's default class; its PIL twin needs none
+    except failures:
+        return None
+    try:
+        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+        return Gemma4ImageProcessorPil.from_pretrained(source, local_files_only=local_files_only)
+    except failures:
+        return None
+
+
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:
     eos = getattr(model.generation_config, "eos_token_id", None)
     ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
@@ -195,6 +218,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device, quant=quant)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
+    image_processor = load_image_processor(where, local, processor)
     with cancel_checks(should_cancel), merged_tie_patterns(quant):
         model = model_class(quant).from_pretrained(
             where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local,
@@ -207,4 +231,4 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,
                        device=placement.device, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),
-                       channel_ids=_channel_ids(tokenizer))
+                       channel_ids=_channel_ids(tokenizer), image_processor=image_processor)

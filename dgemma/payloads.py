@@ -22,6 +22,7 @@ class DGemmaModel:
     dtype: str
     eos_ids: tuple[int, ...]
     channel_ids: tuple[int, int] | None  # (<|channel>, <channel|>)
+    image_processor: object = None       # the processor's image half; None: the model takes no images
 
     @property
     def canvas_length(self) -> int:
@@ -102,8 +103,9 @@ class RunConfig:
     dtype: str
     context: dict | None = field(default=None)  # provenance summary of an injected KV cache
     run_id: str = field(default="", compare=False)
+    image: dict | None = field(default=None)    # the turn's images: count, sizes, content hash (no pixels)
 
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
                 "quant": self.quant, "device": self.device, "dtype": self.dtype,
-                "context": self.context, "run_id": self.run_id}
+                "context": self.context, "image": self.image, "run_id": self.run_id}

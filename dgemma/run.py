@@ -20,6 +20,7 @@ from .resume import Advanced, Resume, check_resume
 from .seeding import make_generator
 from .tokens import check_text, prompt_ids
 from .trace import CanvasTrace, Frame, Recorder
+from .vision import check_image_tensor, check_vision, prepare_images
 
 MAX_TURN_TOKENS = 8192  # the turn is encoded in one forward; longer text belongs in a KV context
 
@@ -35,8 +36,8 @@ class RunResult:
     context: object | None = None  # the KVCache advanced by this run, when asked for
 
 
-def check_inputs(dm, prompt, knobs, context) -> None:
-    """Every check that needs no model work: types, emptiness, the cache's fit."""
+def check_inputs(dm, prompt, knobs, context, image=None) -> None:
+    """Every check that needs no model work: types, emptiness, the cache's fit, the image's shape."""
     check_model(dm)
     check_text("prompt", prompt)
     if not isinstance(knobs, Knobs):
@@ -44,16 +45,20 @@ def check_inputs(dm, prompt, knobs, context) -> None:
     if context is not None and not isinstance(context, KVCache):
         raise InputError("context", f"the KV context must be an encoded context, got {type(context).__name__}; "
                                     "encode one with encode_context")
-    if context is None and not prompt.strip():
+    if image is not None:
+        check_image_tensor("image", image)
+        check_vision("image", dm)
+    if context is None and image is None and not prompt.strip():
         raise InputError("prompt", "prompt is empty; type a prompt, or give an encoded KV context for a "
                                    "pure-injection run")
     if context is not None:
         context.check_model(dm)
 
 
-def turn_ids(dm, prompt: str, knobs: Knobs, context) -> list[int]:
+def turn_ids(dm, prompt: str, knobs: Knobs, context, images=None) -> list[int]:
     """The turn's ids, refused when it or the whole run exceeds what the model can take."""
-    turn = prompt_ids(dm, prompt, knobs.thinking, with_bos=context is None) if prompt.strip() else []
+    has_turn = bool(prompt.strip()) or images is not None
+    turn = prompt_ids(dm, prompt, knobs.thinking, with_bos=context is None, images=images) if has_turn else []
     if len(turn) > MAX_TURN_TOKENS:
         raise InputError("prompt", f"prompt is {len(turn)} tokens, over the limit of {MAX_TURN_TOKENS} for a "
                                    "turn; shorten it, or encode the long part as a KV context")
@@ -67,21 +72,24 @@ def turn_ids(dm, prompt: str, knobs: Knobs, context) -> list[int]:
     return turn
 
 
-def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None,
+def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
              on_frame: Callable[[Frame], None] | None = None,
              should_cancel: Callable[[], bool] | None = None, advance_context: bool = False,
              advanced: Advanced | None = None) -> RunResult:
     """Generate an answer to `prompt` (the turn), optionally on top of a KV `context`.
 
-    The context is never modified: the run works on a fork. With `advance_context` the result
-    carries a new context holding context + turn + every generated block. `advanced` picks the
-    scheduler, window and pins, and may resume an earlier advanced run; its state is resumable.
+    `image` (a ComfyUI IMAGE batch, [B, H, W, C] in 0..1) joins the turn as B images before the
+    text; the encoder reads them, the canvas never holds them. The context is never modified: the
+    run works on a fork. With `advance_context` the result carries a new context holding context +
+    turn + every generated block. `advanced` picks the scheduler, window and pins, and may resume
+    an earlier advanced run; its state is resumable.
     """
-    check_inputs(dm, prompt, knobs, context)
+    check_inputs(dm, prompt, knobs, context, image)
     resume = advanced.resume if advanced is not None else None
     if resume is not None:
         check_resume(resume, dm, prompt, knobs, context, advanced.scheduling)
-    turn = turn_ids(dm, prompt, knobs, context) if resume is None else []
+    images = prepare_images(dm, image) if image is not None and resume is None else None
+    turn = turn_ids(dm, prompt, knobs, context, images) if resume is None else []
     plan = advanced.plan(dm, knobs) if advanced is not None else None
     model = dm.model
     recorder = Recorder(knobs, dm.canvas_length, dm.token_strings,
@@ -93,7 +101,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     if resume is not None and resume.finished:
         sequence, cache, generator = resume.ids, None, None
     else:
-        cache, generator = _start(dm, turn, context, knobs, resume)
+        cache, generator = _start(dm, turn, images, context, knobs, resume)
         sequence = denoise_blocks(model, cache, knobs, generator, dm.eos_ids, recorder, on_frame=on_frame,
                                   should_cancel=should_cancel, encode_last=advance_context, plan=plan)
     summary = context.summary() if context is not None else None
@@ -106,21 +114,23 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
                       paused, cache if paused else None,
                       generator.get_state() if paused else None)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
-    config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, **dm.describe())
+    image_record = images.record if images is not None else None
+    config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
+                       **dm.describe())
     new_context = None
     if advance_context and not state.paused and resume is None:
-        held = turn + list(state.raw_ids)
-        new_context = context.advanced(cache, held) if context is not None else mint(dm, cache, held)
+        held, seen = turn + list(state.raw_ids), (image_record,) if image_record else ()
+        new_context = context.advanced(cache, held, seen) if context is not None else mint(dm, cache, held, seen)
     return RunResult(state.text, state, trace, config, new_context)
 
 
-def _start(dm, turn, context, knobs, resume):
+def _start(dm, turn, images, context, knobs, resume):
     """The cache and generator a run starts from: fresh (prefilled with the turn) or the resumed run's."""
     if resume is not None:
         return fork_cache(resume.cache), resume.generator(input_device(dm.model))
     cache = context.fork_for(dm) if context is not None else new_cache(dm.model)
     if turn:
-        encode_ids(dm.model, cache, turn)
+        encode_ids(dm.model, cache, turn, images)
     return cache, make_generator(knobs.seed, input_device(dm.model))
 
 

@@ -75,6 +75,7 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "scheduler_config": trace.scheduler_config, "quant": config.quant, "device": config.device,
         "dtype": config.dtype, "canvas_length": trace.canvas_length,
         "injection_present": config.context is not None, "injected_cache_provenance": config.context,
+        "image_present": config.image is not None, "image": config.image,
         "block_stopped_early": list(trace.block_stopped_early),
         "knob_sets": list(trace.knob_sets),  # the knobs in force; each frame names its set
     }

@@ -59,27 +59,48 @@ def literal_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
-def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True) -> list[int]:
+def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=None) -> list[int]:
     """The chat-templated user turn plus generation prompt, through the model's own template.
 
     Only the template adds control tokens: it is rendered around a slot, and the prompt is
-    tokenized into the slot as literal text (stripped where the template trims it).
+    tokenized into the slot as literal text (stripped where the template trims it). `images` (an
+    ImageInput) puts image parts before the text, as the diffusers pipeline does; the template's
+    image placeholders are expanded to the processor's image blocks, never anything in the text.
     """
+    slot = f" {_SLOT} "
+    content = slot if images is None else [{"type": "image"}] * images.record["count"] + [
+        {"type": "text", "text": slot}]
     rendered = _renderer(dm.tokenizer, dm.processor).apply_chat_template(
-        [{"role": "user", "content": f" {_SLOT} "}], add_generation_prompt=True, tokenize=False,
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False,
         enable_thinking=thinking)
     if rendered.count(_SLOT) != 1:
         raise ValueError("the model's chat template does not place the user's text exactly once; "
                          "check the checkpoint's chat_template")
-    padded = f" {_SLOT} " in rendered
-    before, after = rendered.split(f" {_SLOT} " if padded else _SLOT)
+    padded = slot in rendered
+    before, after = rendered.split(slot if padded else _SLOT)
     text = prompt if padded else prompt.strip()
     tok = dm.tokenizer
-    ids = tok.encode(before, add_special_tokens=False) + literal_ids(tok, text) + tok.encode(
-        after, add_special_tokens=False)
+    before_ids, after_ids = tok.encode(before, add_special_tokens=False), tok.encode(after, add_special_tokens=False)
+    if images is not None:
+        before_ids, after_ids = _expand(dm, images, before_ids, after_ids)
+    ids = before_ids + literal_ids(tok, text) + after_ids
     if not with_bos and ids and ids[0] == tok.bos_token_id:
         ids = ids[1:]
     return ids
+
+
+def _expand(dm, images, before: list[int], after: list[int]) -> tuple[list[int], list[int]]:
+    from .vision import image_token_ids
+
+    image_id, boi_id, eoi_id = image_token_ids(dm)
+    placed = before.count(image_id) + after.count(image_id)
+    if placed != images.record["count"]:
+        raise InputError("image", f"the model's chat template placed {placed} image(s) for "
+                                  f"{images.record['count']} given; this checkpoint's template cannot take images "
+                                  "in a turn; unwire image or use a checkpoint whose template has image parts")
+    whole = images.expand(before + [-1] + after, image_id, boi_id, eoi_id)  # -1 marks the slot: no id is negative
+    cut = whole.index(-1)
+    return whole[:cut], whole[cut + 1:]
 
 
 def context_ids(dm, text: str) -> list[int]:

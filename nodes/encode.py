@@ -28,9 +28,11 @@ class DGemmaEncode:
                          "When minting it opens the sequence (with the only BOS)."}),
             },
             "optional": {"kv_cache": (KV_CACHE, {"tooltip": "A cache to continue with this text; it is not "
-                                                            "changed, a new one is returned."})},
+                                                            "changed, a new one is returned."}),
+                         "image": ("IMAGE", {"tooltip": "Optional picture(s) encoded as context before the "
+                                                        "text, with no chat framing; text may then be empty."})},
         }
 
-    def encode(self, model, text, kv_cache=None):
+    def encode(self, model, text, kv_cache=None, image=None):
         with comfy_hints():
-            return (encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt),)
+            return (encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt, image=image),)

@@ -15,6 +15,7 @@ from .schema import (
     KV_CACHE,
     SAMPLER_OUTPUTS,
     comfy_hints,
+    image_input,
     knob_inputs,
     model_input,
     output_spec,
@@ -26,11 +27,11 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
                 "a kv_cache wired for pure injection (the cache alone conditions the canvas).")
 
 
-def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, **knobs):
+def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
     with comfy_hints():
         knobs = knobs_from(knobs)
-        check_inputs(model, prompt, knobs, kv_cache)  # before the view resets: a refusal leaves it as it was
+        check_inputs(model, prompt, knobs, kv_cache, image)  # before the view resets: a refusal leaves it as it was
         if advanced is not None:
             check_advanced(model, prompt, knobs, kv_cache, advanced)
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
@@ -49,7 +50,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
 
     try:
         with comfy_hints():
-            result = generate(model, prompt, knobs, context=kv_cache, on_frame=on_frame,
+            result = generate(model, prompt, knobs, context=kv_cache, image=image, on_frame=on_frame,
                               should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced)
     except BaseException as err:
         if live:
@@ -70,7 +71,8 @@ class DGemmaSampler:
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
                    "noise and the lowest-entropy positions are accepted step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
-                   "For context from a KV cache use DGemmaDenoise.")
+                   "An optional image is read by the encoder with the turn. For context from a KV cache use "
+                   "DGemmaDenoise.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -78,6 +80,7 @@ class DGemmaSampler:
             "required": {"model": model_input(),
                          "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": PROMPT_TOOLTIP}),
                          **knob_inputs()},
+            "optional": {"image": image_input()},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
@@ -85,8 +88,8 @@ class DGemmaSampler:
     def VALIDATE_INPUTS(cls, **inputs):
         return validate_knobs(inputs)
 
-    def sample(self, model, prompt, unique_id=None, **knobs):
-        return run_node(unique_id, model, prompt, **knobs)
+    def sample(self, model, prompt, image=None, unique_id=None, **knobs):
+        return run_node(unique_id, model, prompt, image=image, **knobs)
 
 
 DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
@@ -107,8 +110,9 @@ class DGemmaDenoise(DGemmaSampler):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
         spec["optional"] = {"kv_cache": (KV_CACHE, {"tooltip": "Encoded CONTEXT from DGemmaEncode (raw text, no "
-                                                               "chat framing); leave unwired for a plain run."})}
+                                                               "chat framing); leave unwired for a plain run."}),
+                            "image": image_input()}
         return spec
 
-    def denoise(self, model, prompt, kv_cache=None, unique_id=None, **knobs):
-        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advance=True, **knobs)
+    def denoise(self, model, prompt, kv_cache=None, image=None, unique_id=None, **knobs):
+        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advance=True, image=image, **knobs)

@@ -59,6 +59,7 @@ HINTS = {
     "canvas_state": "wire canvas_trace, run_config, frames and canvas_state from the same sampler node",
     "run_config": "wire canvas_trace, run_config, frames and canvas_state from the same sampler node",
     "frames": "wire frames and canvas_trace from the same sampler node",
+    "image": "wire an IMAGE (Load Image, or any node with an IMAGE output), or leave image unwired",
 }
 
 
@@ -92,3 +93,11 @@ def validate_knobs(inputs: dict):
     except InputError as err:
         return str(err)
     return True
+
+
+IMAGE_TOOLTIP = ("Optional picture(s) the model reads through its vision encoder, before the text of the turn; "
+                 "a batch is one turn with several images. The model's processor resizes them.")
+
+
+def image_input() -> tuple:
+    return ("IMAGE", {"tooltip": IMAGE_TOOLTIP})

@@ -133,4 +133,26 @@ class VHS_VideoCombine:
         return {"ui": {"gifs": [path]}, "result": ((save_output, [path]),)}
 
 
-CORE_NODES = {c.__name__: c for c in (PreviewAny, SaveImage, PreviewImage, SaveAnimatedWEBP, VHS_VideoCombine)}
+class EmptyImage:
+    """A solid colour IMAGE batch; `color` is 0xRRGGBB, as ComfyUI's colour widget gives it."""
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "generate"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        size = {"default": 512, "min": 1, "max": 16384, "step": 1}
+        return {"required": {"width": ("INT", size), "height": ("INT", size),
+                             "batch_size": ("INT", {"default": 1, "min": 1, "max": 4096}),
+                             "color": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFF, "step": 1,
+                                               "display": "color"})}}
+
+    def generate(self, width, height, batch_size=1, color=0):
+        import torch
+
+        rgb = torch.tensor([(color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF], dtype=torch.float32) / 0xFF
+        return (rgb.expand(batch_size, height, width, 3).clone(),)
+
+
+CORE_NODES = {c.__name__: c for c in (PreviewAny, SaveImage, PreviewImage, SaveAnimatedWEBP, VHS_VideoCombine,
+                                      EmptyImage)}

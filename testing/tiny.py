@@ -69,12 +69,27 @@ def generation_config():
         bos_token_id=2)
 
 
+# The smallest image budget Gemma 4's processor supports: about 64 soft tokens per image.
+IMAGE_SOFT_TOKENS = 70
+
+
+def image_processor():
+    """Gemma 4's image processor (the PIL one: no torchvision) at the tiny models' image budget."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    return Gemma4ImageProcessorPil(max_soft_tokens=IMAGE_SOFT_TOKENS)
+
+
 def save_checkpoint(model, tok, out_dir: str | Path, preset: str) -> Path:
     """Save in the release layout, so the folder loads on every supported transformers."""
     out = Path(out_dir)
     model.generation_config = generation_config()
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    try:  # preprocessor_config.json: what AutoImageProcessor reads for the vision tower
+        image_processor().save_pretrained(out)
+    except ImportError:
+        pass  # a transformers without Gemma 4's PIL image processor: the checkpoint takes no images
     # AutoProcessor then returns the tokenizer instead of building Gemma4Processor (torchvision).
     _edit_json(out / "tokenizer_config.json", lambda d: d.update(processor_class="GemmaTokenizer"))
     _rewrite_release_config(out / "config.json", PRESETS[preset]["global_head_dim"])

@@ -2,7 +2,7 @@
 
 Ids below 115 hold the control tokens at the real Gemma 4 ids, so code that resolves them from
 the tokenizer sees the same numbers; the chat template is Gemma 4's turn/channel format reduced
-to text and thinking.
+to text, images and thinking.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}"
     "{% if m['role'] != 'system' %}"
     "{% set content = m['content'] %}"
+    "{% if content is not string %}{% set ns = namespace(text='') %}{% for part in content %}"
+    "{% if part['type'] == 'image' %}{% set ns.text = ns.text + '<|image|>' %}"
+    "{% elif part['type'] == 'text' %}{% set ns.text = ns.text + (part['text'] | trim) %}{% endif %}"
+    "{% endfor %}{% set content = ns.text %}{% endif %}"
     "{% if m['role'] == 'assistant' or m['role'] == 'model' %}"
     "{% set content = content.split('<channel|>')[-1] %}"
     "<|turn>model\n{{ content | trim }}<turn|>\n"

@@ -9,7 +9,7 @@ import pytest
 
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.context import encode_context
-from diffusiongemma.dgemma.demo import DEMO_KNOBS, WORDS
+from diffusiongemma.dgemma.demo import DEMO_KNOBS, IMAGE_QUESTION, WORDS, colour_image, image_cases
 
 PAIRS = [(a, b) for a in range(10) for b in range(10)]
 
@@ -40,6 +40,20 @@ def test_answers_from_a_kv_context(demo_model):
         context = encode_context(demo_model, f"a={a}, b={b}.")
         right += generate(demo_model, "What is a+b?", knobs(seed=i), context=context).text == WORDS[a + b]
     assert right >= 95, f"{right}/100 answers read from the encoded context"
+
+
+def test_answers_what_colour_a_picture_is(demo_model):
+    cases = image_cases()
+    right = sum(generate(demo_model, IMAGE_QUESTION, knobs(seed=i), image=colour_image(name, w, h)).text == name
+                for i, (name, w, h) in enumerate(cases))
+    assert right >= 0.95 * len(cases), f"{right}/{len(cases)} colours named"
+
+
+def test_the_picture_not_the_question_decides_the_answer(demo_model):
+    """The same question gets another answer for another picture."""
+    answers = {generate(demo_model, IMAGE_QUESTION, knobs(), image=colour_image(name, 64, 64)).text
+               for name in ("red", "blue", "white")}
+    assert answers == {"red", "blue", "white"}
 
 
 def test_same_prompt_and_seed_same_answer_and_trace(demo_model):

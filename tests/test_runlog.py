@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -13,8 +14,8 @@ from diffusiongemma.dgemma.tokens import frame_texts
 HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "prompt", "model_source", "seed",
           "num_inference_steps_requested", "num_inference_steps_effective", "gen_length", "t_min", "t_max",
           "entropy_bound", "confidence", "thinking", "scheduler_name", "scheduler_config", "quant", "device",
-          "dtype", "canvas_length", "injection_present", "injected_cache_provenance", "block_stopped_early",
-          "knob_sets"}
+          "dtype", "canvas_length", "injection_present", "injected_cache_provenance", "image_present", "image",
+          "block_stopped_early", "knob_sets"}
 FRAME = {"record_type", "block", "step", "t", "temperature", "committed_fraction", "entropy_summary",
          "decoded_text", "canvas_ids", "accepted", "stop_committed", "tokens", "knob_set"}
 FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed_fraction", "turn_closed",
@@ -34,7 +35,7 @@ def test_schema_fields(run):
     assert set(header) == HEADER and header["schema"] == SCHEMA == "dg-runlog/1"
     assert header["pack_version"] == "0.1.0" and header["injection_present"] is False
     assert len(body) == len(result.trace) and all(set(r) == FRAME for r in body)
-    assert set(final) == FINAL and final["text"] == "five" and final["thought"].startswith("2+3=")
+    assert set(final) == FINAL and final["text"] == "five" and re.fullmatch(r"\d\+\d=5", final["thought"])
     assert body[-1]["decoded_text"] == frames[-1] and body[-1]["canvas_ids"] == list(result.trace.ids[-1])
     assert json.loads(json.dumps(rows)) == rows
 
@@ -70,5 +71,6 @@ def test_prefixes_that_leave_the_output_folder_are_refused(run, tmp_path, prefix
 
 def test_frames_must_belong_to_the_trace(run):
     result, frames = run
-    with pytest.raises(ValueError, match="frames has 18 entries but the trace has 19 steps; give the frames"):
+    steps = len(result.trace)
+    with pytest.raises(ValueError, match=f"frames has {steps - 1} entries but the trace has {steps} steps; give the"):
         records(result.trace, result.config, result.state, frames[:-1])

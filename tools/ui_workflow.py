@@ -59,11 +59,19 @@ NOTES = {
         "(commits the most confident share each step) and discrete_ddim (ancestral DDIM, here with one "
         "corrector sweep). Each matches diffusers' DiffusionGemmaPipeline token for token.",
     ],
+    "diffusiongemma_image": [
+        "The Sampler's optional image input: the picture goes through the model's own image processor into "
+        "the encoder (about 280 soft tokens per image on the real model), before the text of the turn. The "
+        "canvas holds only the answer, so you watch the caption anneal out of noise next to the picture.",
+        "The demo model learned one visual question: pick a colour in Empty Image (or wire Load Image with a "
+        "plain red, green, blue, yellow, cyan, magenta, white or black picture) and ask 'What colour is this?'. "
+        "run_config records the image's size and a content hash, never its pixels.",
+    ],
 }
 SOURCES = {"diffusiongemma_start_here": "trace_runlog", "diffusiongemma_kv_cache": "kv_cache",
            "diffusiongemma_thinking": "thinking", "diffusiongemma_advanced_chain": "advanced_chain",
            "diffusiongemma_advanced_infill": "advanced_infill",
-           "diffusiongemma_advanced_schedulers": "advanced_schedulers"}
+           "diffusiongemma_advanced_schedulers": "advanced_schedulers", "diffusiongemma_image": "image"}
 
 
 def _depths(graph: dict) -> dict:
@@ -93,11 +101,15 @@ def to_ui(graph: dict, notes: list[str]) -> dict:
                 links.append([link_id, ids[value[0]], value[1], ids[node_id], slot,
                               source.RETURN_TYPES[value[1]]])
                 out_links.setdefault((value[0], value[1]), []).append(link_id)
-    for node_id, node in graph.items():
-        cls = CLASSES[node["class_type"]]
+    # Samplers grow downward while their live view paints, so they go last in their column.
+    positions = {}
+    for node_id in sorted(graph, key=lambda n: graph[n]["class_type"] in ("DGemmaSampler", "DGemmaDenoise")):
         column = depth[node_id]
         row = rows.get(column, 0)
         rows[column] = row + 1
+        positions[node_id] = [40 + 420 * column, 60 + 330 * row]
+    for node_id, node in graph.items():
+        cls = CLASSES[node["class_type"]]
         inputs = []
         for name, spec in _sockets(cls):
             value = node["inputs"].get(name)
@@ -107,7 +119,7 @@ def to_ui(graph: dict, notes: list[str]) -> dict:
                    for i, (t, n) in enumerate(zip(cls.RETURN_TYPES, getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)))]
         values = ["fixed" if name is None else node["inputs"].get(name, _default(cls, name))
                   for name in widget_layout(cls)]
-        nodes.append({"id": ids[node_id], "type": node["class_type"], "pos": [40 + 420 * column, 60 + 330 * row],
+        nodes.append({"id": ids[node_id], "type": node["class_type"], "pos": positions[node_id],
                       "size": [380, 300 if node["class_type"] == "DGemmaSampler" else 160], "flags": {},
                       "order": len(nodes), "mode": 0, "inputs": inputs, "outputs": outputs,
                       "properties": {"Node name for S&R": node["class_type"]}, "widgets_values": values})
