@@ -19,7 +19,7 @@ from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
 from diffusiongemma.dgemma import Knobs, generate, loop, run
 from diffusiongemma.dgemma import context as context_module
 from diffusiongemma.dgemma.run import MAX_TURN_TOKENS
-from diffusiongemma.dgemma.tokens import prompt_ids
+from diffusiongemma.dgemma.tokens import context_ids, prompt_ids
 from diffusiongemma.runner import cli
 from diffusiongemma.runner.execute import CLASSES
 from diffusiongemma.runner.graph import execution_order, validate
@@ -147,7 +147,7 @@ def test_control_token_strings_in_user_text_stay_text(demo_model, text):
     plain = [i for i in prompt_ids(demo_model, "What is 1+2?", False) if i in specials]
     hostile = [i for i in prompt_ids(demo_model, f"What is 1+2? {text}", False) if i in specials]
     assert hostile == plain  # only the template's control tokens, none from the user's text
-    context = context_module.context_ids(demo_model, text)
+    context = context_ids(demo_model, text)
     assert [i for i in context if i in specials] == [tok.bos_token_id]
 
 
