@@ -190,3 +190,19 @@ def test_a_template_without_image_parts_is_refused(tiny_model, monkeypatch):
     monkeypatch.setattr(tiny_model.tokenizer, "chat_template", template.replace("'<|image|>'", "''"))
     with pytest.raises(InputError, match="cannot take images"):
         generate(tiny_model, "What colour?", FAST, image=red())
+
+
+def test_the_advanced_sampler_reads_an_image_too(demo_model):
+    import torch
+    from executor import call
+
+    from diffusiongemma import NODE_CLASS_MAPPINGS
+    from diffusiongemma.dgemma import Knobs
+
+    red = torch.zeros(1, 64, 64, 3)
+    red[..., 0] = 1.0
+    knobs = Knobs(seed=7).asdict()
+    out, _ = call(NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"], model=demo_model, prompt="What colour is this?",
+                  scheduler="entropy_bound", start_step=0, end_step=knobs["num_inference_steps"], pins="",
+                  image=red, **knobs)
+    assert out[0] == "red" and out[5].image["count"] == 1
