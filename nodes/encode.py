@@ -29,8 +29,16 @@ class DGemmaEncode:
             },
             "optional": {"kv_cache": (KV_CACHE, {"tooltip": "A cache to continue with this text; it is not "
                                                             "changed, a new one is returned."})},
+            "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    def encode(self, model, text, kv_cache=None):
-        with comfy_hints():
-            return (encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt),)
+    def encode(self, model, text, kv_cache=None, unique_id=None):
+        host.model_ready(model)
+        try:
+            with comfy_hints():
+                cache = encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt)
+        except BaseException:
+            host.run_finished(model, unique_id, failed=True)
+            raise
+        host.run_finished(model, unique_id)
+        return (cache,)

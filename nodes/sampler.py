@@ -25,6 +25,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
     bar = host.Progress(blocks * steps, node_id)
+    host.model_ready(model)
     live = host.live()
     if live:
         host.send(START, stream.start())
@@ -41,7 +42,9 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
     except BaseException as err:
         if live:
             host.send(DONE, stream.failed(err))
+        host.run_finished(model, node_id, failed=True)
         raise
+    host.run_finished(model, node_id)
     bar.to(blocks * steps)
     if live:
         host.send(DONE, stream.done(result.state.steps_used, result.text))
