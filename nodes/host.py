@@ -7,6 +7,7 @@ events go nowhere, progress is silent, nothing interrupts, folders default to th
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,23 @@ class Progress:
     def to(self, value: int) -> None:
         if self._bar is not None:
             self._bar.update_absolute(value)
+
+
+class ProgressText:
+    """A short text shown on the node by ComfyUI itself (send_progress_text), which every renderer
+    draws, at most once per `every` seconds so a fast model does not flood the websocket."""
+
+    def __init__(self, node_id, every: float = 0.25):
+        self.node_id, self.every, self.last = node_id, every, float("-inf")
+
+    def show(self, text: str, force: bool = False) -> None:
+        instance = _server()
+        if instance is None or self.node_id is None or not hasattr(instance, "send_progress_text"):
+            return
+        now = time.monotonic()
+        if force or now - self.last >= self.every:
+            self.last = now
+            instance.send_progress_text(text, str(self.node_id), instance.client_id)
 
 
 def check_interrupt() -> bool:

@@ -25,6 +25,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
     bar = host.Progress(blocks * steps, node_id)
+    note = host.ProgressText(node_id)
     host.model_ready(model)
     live = host.live()
     if live:
@@ -32,6 +33,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
 
     def on_frame(frame):
         if live:
+            note.show(stream.progress_text(frame))
             host.send(STEP, stream.step(frame))
         bar.to(frame.block * steps + frame.step + 1)
 
@@ -41,12 +43,15 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, **knobs):
                               should_cancel=host.check_interrupt, advance_context=advance)
     except BaseException as err:
         if live:
-            host.send(DONE, stream.failed(err))
+            ended = stream.failed(err)
+            note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
+            host.send(DONE, ended)
         host.run_finished(model, node_id, failed=True)
         raise
     host.run_finished(model, node_id)
     bar.to(blocks * steps)
     if live:
+        note.show(stream.done_text(result.state.steps_used, result.text), force=True)
         host.send(DONE, stream.done(result.state.steps_used, result.text))
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
                render_images(result.trace, model.token_strings), result.config)
