@@ -13,7 +13,7 @@ from .client import submit
 from .core_nodes import describe
 from .execute import run_graph
 
-DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "examples" / "api" / "demo_smoke.json"
+DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "example_workflows" / "api" / "demo_smoke.json"
 
 
 def _print_step(event: str, data: dict) -> None:
