@@ -25,14 +25,14 @@ from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_
 WINDOW = (1480, 600)  # canvas units visible in a 1600x1000 window beside the menus and minimap
 VIEW = {"scale": 1.0, "offset": [80, 130]}  # where it opens: below the Run bar, right of the sidebar
 T = {"DGemmaLoader": (340, 200), "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 600),
-     "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 110)}
+     "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140)}
 
 TEMPLATES = {
     "diffusiongemma_start_here": {
         "source": "start_here",
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSampler"]),
                   "3": (820, 0, 320, 130), "4": (820, 170, 320, 210),
-                  "5": (1160, 0, *T["DGemmaTrace"]), "6": (1160, 150, 320, 250)},
+                  "5": (1160, 0, *T["DGemmaTrace"]), "6": (1160, 180, 320, 220)},
         "notes": [
             ((0, 240, 340, 150), "1 · Loader: the model box defaults to diffusiongemma-demo, a tiny model "
              "trained for this pack that answers 'What is a+b?' on any CPU. Put the real checkpoint folder "
