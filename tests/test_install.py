@@ -37,3 +37,20 @@ def test_missing_or_old_packages_are_installed_with_core_pins_and_no_file_is_lef
     assert "--constraint" in command and command.endswith("transformers>=99 no-such-package-xyz>=1")
     assert "torch==" in seen["pins"] and "numpy==" in seen["pins"]
     assert not seen["path"].exists() and not seen["path"].parent.exists()
+
+
+def test_registry_metadata_is_complete():
+    import tomllib
+    from PIL import Image
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == {"file": "LICENSE"}
+    head = (REPO / "LICENSE").read_text().split()[:5]
+    assert head == ["GNU", "GENERAL", "PUBLIC", "LICENSE", "Version"] and "Version 3, 29 June 2007" in \
+        (REPO / "LICENSE").read_text()[:200]
+    assert any("GPLv3+" in c for c in project["project"]["classifiers"])
+    comfy = project["tool"]["comfy"]
+    assert comfy["requires-comfyui"].startswith(">=") and comfy["PublisherId"] and comfy["DisplayName"]
+    icon = REPO / comfy["Icon"].split("/main/", 1)[1]
+    with Image.open(icon) as image:
+        assert image.format == "PNG" and image.width == image.height <= 400
