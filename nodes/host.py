@@ -140,8 +140,9 @@ _ends_reported = False
 class _Held:
     """What the host keeps beside one loaded model: its ComfyUI patcher, policy and reloader."""
 
-    def __init__(self, patcher, after_run: str, reload):
+    def __init__(self, patcher, after_run: str, reload, home):
         self.patcher, self.after_run, self.reload = patcher, after_run, reload
+        self.home = home  # the one device of the weights; None when accelerate split them
         self.unloaded = False
         self.pending: set[str] = set()  # node ids whose runs end with the policy
 
@@ -169,13 +170,13 @@ def manage(dm, after_run: str = "keep", reload=None) -> None:
     mm, mp = _comfy("comfy.model_management"), _comfy("comfy.model_patcher")
     patcher = None
     devices = {p.device for p in dm.model.parameters()}
-    if mm is not None and mp is not None and len(devices) == 1:
+    home = devices.pop() if len(devices) == 1 else None
+    if mm is not None and mp is not None and home is not None:
         import torch
 
-        patcher = mp.ModelPatcher(_weights_module(dm.model), load_device=devices.pop(),
-                                  offload_device=torch.device("cpu"))
+        patcher = mp.ModelPatcher(_weights_module(dm.model), load_device=home, offload_device=torch.device("cpu"))
         mm.load_models_gpu([patcher], force_full_load=True)
-    _held[dm] = _Held(patcher, after_run, reload)
+    _held[dm] = _Held(patcher, after_run, reload, home)
 
 
 def _record(dm) -> _Held | None:
@@ -196,13 +197,15 @@ def model_ready(dm) -> None:
         held.unloaded = False
     if held.patcher is not None:
         _comfy("comfy.model_management").load_models_gpu([held.patcher], force_full_load=True)
+    elif held.home is not None:
+        dm.model.to(held.home)  # no ComfyUI: back from an offload by hand
 
 
 def run_finished(dm, node_id, failed: bool = False) -> None:
     """After one call of a node: the policy waits until the node has finished every list item
     (a failed call ends the node, so it applies at once)."""
     held = _record(dm)
-    if held is None or held.after_run == "keep":
+    if held is None or held.after_run == "keep" or held.home is None:  # a GPU/CPU split stays as placed
         return
     held.pending.add(str(node_id))
     if failed or not _watch_node_ends():
