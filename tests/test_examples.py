@@ -145,6 +145,14 @@ def test_main_command_runs_the_demo_smoke_graph(tmp_path):
     assert "nothing was written" not in done.stderr
 
 
+def test_headless_says_when_out_receives_nothing(tmp_path):
+    ping = REPO / "example_workflows" / "api" / "ping.json"
+    done = subprocess.run([sys.executable, "-m", "headless", str(ping), "--out", str(tmp_path), "--quiet"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "text: three" in done.stdout, done.stderr[-2000:]
+    assert "nothing was written" in done.stderr and not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda g: g["2"].update(class_type="NoSuchNode"), "is not a node this runner knows"),
     (lambda g: g["2"]["inputs"].pop("seed"), "required input 'seed' is missing"),
