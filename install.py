@@ -58,14 +58,15 @@ def main(argv: list[str]) -> int:
         print(f"{TAG} all requirements satisfied")
         return 0
     pins = [f"{name}=={v}" for name in KEEP if (v := installed(name))]
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
-        fh.write("\n".join(pins) + "\n")
-    command = [sys.executable, "-m", "pip", "install", "--constraint", fh.name, *todo]
-    print(f"{TAG} keeping {', '.join(pins) or 'nothing'} as installed")
-    print(f"{TAG} running: {' '.join(command)}")
-    if dry:
-        return 0
-    done = subprocess.run(command)
+    with tempfile.TemporaryDirectory(prefix="dgemma-install-") as folder:  # removed however pip ends
+        constraints = Path(folder) / "constraints.txt"
+        constraints.write_text("\n".join(pins) + "\n")
+        command = [sys.executable, "-m", "pip", "install", "--constraint", str(constraints), *todo]
+        print(f"{TAG} keeping {', '.join(pins) or 'nothing'} as installed")
+        print(f"{TAG} running: {' '.join(command)}")
+        if dry:
+            return 0
+        done = subprocess.run(command)
     if done.returncode != 0:
         print(f"{TAG} FAILED; run by hand with the Python that runs ComfyUI:\n"
               f"  {sys.executable} -m pip install {' '.join(repr(t) for t in todo)}")

@@ -2,7 +2,8 @@
 
 Rows are the executed steps of every block, top to bottom, with one separator row between
 blocks; columns are canvas positions. Commit mode reads the scheduler's accepted mask; entropy
-mode paints the captured entropy on one fixed scale, so heatmaps of different runs compare.
+mode paints the captured entropy on one fixed scale, so heatmaps of different runs compare, or
+on the run's own range, which shows the small entropies of a confident (demo) model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .states import NAMES, PALETTE
 from .trace import CanvasTrace
 
 MODES = ("commit", "entropy")
+SCALES = ("fixed", "this run")
 CELL_PX_DEFAULT, CELL_PX_MAX = 6, 32
 ENTROPY_CAP = math.log(262_144)  # nats: a uniform distribution over the real vocabulary
 
@@ -26,7 +28,9 @@ RAMP = np.array([(13, 8, 135), (40, 60, 160), (33, 125, 160), (40, 170, 130), (1
 RAMP_NAMES = ("dark blue", "blue", "teal", "sea green", "green", "yellow")
 
 
-def check_inputs(mode, cell_px, trace=None) -> None:
+def check_inputs(mode, cell_px, trace=None, scale="fixed") -> None:
+    if scale not in SCALES:
+        raise ValueError(f"scale must be 'fixed' or 'this run', got {scale!r}; pick one of those two")
     if trace is not None:
         require_type("canvas_trace", trace, CanvasTrace, "the trace of a run")
     if mode not in MODES:
@@ -36,18 +40,26 @@ def check_inputs(mode, cell_px, trace=None) -> None:
                          f"{cell_px!r}; use e.g. 6 (each step x position cell becomes cell_px square)")
 
 
-def entropy_level(entropy: np.ndarray) -> np.ndarray:
-    """0..1 on the fixed scale: log(1 + H) / log(1 + ENTROPY_CAP), H in nats clipped to the cap.
+def entropy_level(entropy: np.ndarray, cap: float = ENTROPY_CAP) -> np.ndarray:
+    """0..1 on a scale up to `cap`: log(1 + H) / log(1 + cap), H in nats clipped to the cap.
 
     The log spreads the low entropies the scheduler decides on (its bound is ~0.1 nats).
     """
-    h = np.clip(np.nan_to_num(np.asarray(entropy, np.float32), nan=ENTROPY_CAP), 0.0, ENTROPY_CAP)
-    return np.log1p(h) / np.float32(math.log1p(ENTROPY_CAP))
+    h = np.clip(np.nan_to_num(np.asarray(entropy, np.float32), nan=cap), 0.0, cap)
+    return np.log1p(h) / np.float32(math.log1p(cap))
 
 
-def anchor_nats(i: int) -> float:
+def scale_cap(trace, scale: str) -> float:
+    """The top of the colour scale in nats: the real vocabulary's maximum, or this run's highest entropy."""
+    if scale == "fixed" or not len(trace):
+        return ENTROPY_CAP
+    top = float(np.nan_to_num(trace.entropy.astype(np.float32), nan=0.0).max())
+    return min(max(top, 1e-3), ENTROPY_CAP)
+
+
+def anchor_nats(i: int, cap: float = ENTROPY_CAP) -> float:
     """Entropy in nats at RAMP anchor i."""
-    return math.expm1(i / (len(RAMP) - 1) * math.log1p(ENTROPY_CAP))
+    return math.expm1(i / (len(RAMP) - 1) * math.log1p(cap))
 
 
 def ramp(level: np.ndarray) -> np.ndarray:
@@ -63,9 +75,10 @@ def _commit_colours(trace) -> np.ndarray:
     return palette[trace.states()]
 
 
-def grid(trace, mode: str) -> np.ndarray:
+def grid(trace, mode: str, scale: str = "fixed") -> np.ndarray:
     """(rows, L, 3) uint8 at one pixel per cell, separator rows included."""
-    colours = _commit_colours(trace) if mode == "commit" else ramp(entropy_level(trace.entropy))
+    colours = (_commit_colours(trace) if mode == "commit"
+               else ramp(entropy_level(trace.entropy, scale_cap(trace, scale))))
     L = trace.canvas_length
     if not len(trace):
         return np.full((1, L, 3), PALETTE[0], np.uint8)
@@ -78,12 +91,16 @@ def grid(trace, mode: str) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def heatmap(trace, mode: str = MODES[0], cell_px: int = CELL_PX_DEFAULT) -> np.ndarray:
+def heatmap(trace, mode: str = MODES[0], cell_px: int = CELL_PX_DEFAULT, scale: str = "fixed") -> np.ndarray:
     """ComfyUI IMAGE layout: float32 (1, H, W, 3) in 0..1, each cell cell_px square."""
-    check_inputs(mode, cell_px, trace)
-    g = grid(trace, mode)
+    check_inputs(mode, cell_px, trace, scale)
+    g = grid(trace, mode, scale)
     g = np.repeat(np.repeat(g, cell_px, axis=0), cell_px, axis=1)
     return np.divide(g, np.float32(255.0), dtype=np.float32)[None]
+
+
+def _nats(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.1 or value == 0 else f"{value:.2g}"
 
 
 def _percent_lines(values, per_line: int = 24) -> list[str]:
@@ -91,9 +108,9 @@ def _percent_lines(values, per_line: int = 24) -> list[str]:
     return [" ".join(cells[i:i + per_line]) for i in range(0, len(cells), per_line)]
 
 
-def summary(trace, mode: str = "commit") -> str:
+def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
     """Readable text: scheduler, blocks and their stops, committed % per step, legend, scale."""
-    check_inputs(mode, 1, trace)
+    check_inputs(mode, 1, trace, scale)
     k = trace.knobs
     config = " ".join(f"{name}={value}" for name, value in trace.scheduler_config.items())
     lines = [f"DGemmaTrace {mode} heatmap: {len(trace)} steps in {trace.num_blocks} block(s), "
@@ -120,8 +137,11 @@ def summary(trace, mode: str = "commit") -> str:
         if trace.pinned_bits is not None:
             lines.append(f"{NAMES[3]} (blue) = held in place by a pin (it never changes)")
     else:
-        anchors = ", ".join(f"{name} {anchor_nats(i):.2f}" for i, name in enumerate(RAMP_NAMES))
-        lines.append(f"colours: entropy of the distribution the scheduler accepted from (logits / T) on a "
-                     f"fixed scale 0..{ENTROPY_CAP:.2f} nats (ln 262144), clipped above, log-spaced as "
-                     f"level = ln(1+H) / ln(1+{ENTROPY_CAP:.2f}); colour at H nats: {anchors}")
+        cap = scale_cap(trace, scale)
+        anchors = ", ".join(f"{name} {_nats(anchor_nats(i, cap))}" for i, name in enumerate(RAMP_NAMES))
+        which = ("a fixed scale, the same for every run" if scale == "fixed" else
+                 "this run's own range (its highest entropy at the top), so runs do not compare")
+        lines.append(f"colours: entropy of the distribution the scheduler accepted from (logits / T) on "
+                     f"{which}: 0..{_nats(cap)} nats{' (ln 262144)' if scale == 'fixed' else ''}, clipped above, "
+                     f"log-spaced as level = ln(1+H) / ln(1+{_nats(cap)}); colour at H nats: {anchors}")
     return "\n".join(lines)

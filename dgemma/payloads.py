@@ -90,6 +90,16 @@ class CanvasState:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "resume"}
         return {**values, "finished_honestly": self.finished_honestly}
 
+    def __str__(self) -> str:
+        """What a text preview shows: the answer and the readings that qualify it."""
+        closed = "turn closed by EOS" if self.turn_closed else "turn NOT closed: the canvas ran out"
+        lines = [f"answer: {_quote(self.text)} ({self.answer_tokens} tokens, {closed})",
+                 f"finished honestly: {_yes(self.finished_honestly)} · converged: {_yes(self.converged)} · "
+                 f"committed at the last step: {self.committed_fraction:.0%}",
+                 f"{self.steps_used} steps in {self.blocks} block(s)",
+                 f"thought: {_quote(self.thought) if self.thought is not None else 'none'}"]
+        return "\n".join(lines)
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -105,7 +115,28 @@ class RunConfig:
     run_id: str = field(default="", compare=False)
     image: dict | None = field(default=None)    # the turn's images: count, sizes, content hash (no pixels)
 
+    def __str__(self) -> str:
+        k = self.knobs
+        context = f"KV cache of {self.context['length']} tokens" if self.context else "none"
+        images = f" · images: {self.image['count']}" if self.image else ""
+        return "\n".join([
+            f"prompt: {_quote(self.prompt)}",
+            f"seed {k.seed} · {k.num_inference_steps} steps · T {k.t_max:g} → {k.t_min:g} · entropy_bound "
+            f"{k.entropy_bound:g} · confidence {k.confidence:g} · gen_length {k.gen_length} · thinking "
+            f"{'on' if k.thinking else 'off'}",
+            f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
+            f"context: {context}{images}"])
+
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
                 "quant": self.quant, "device": self.device, "dtype": self.dtype,
                 "context": self.context, "image": self.image, "run_id": self.run_id}
+
+
+def _quote(text: str, limit: int = 200) -> str:
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return '"' + text.replace("\n", "⏎") + '"'
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"

@@ -66,6 +66,17 @@ class CanvasTrace:
     def __len__(self) -> int:
         return int(self.steps.shape[0])
 
+    def __str__(self) -> str:
+        """What a text preview shows: the size of the record and how the last step ended."""
+        if not len(self):
+            return "canvas trace: no steps"
+        per_block = np.bincount(self.blocks.astype(np.int64)).tolist()
+        entropy = float(self.entropy[-1].astype(np.float32).mean())
+        return (f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
+                f"{self.canvas_length} positions · {self.scheduler_name}\n"
+                f"last step: {float(self.accepted[-1].mean()):.0%} committed, mean entropy {entropy:.3f} nats\n"
+                "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer")
+
     @property
     def num_blocks(self) -> int:
         return int(self.blocks[-1]) + 1 if len(self) else 0

@@ -31,8 +31,16 @@ class DGemmaEncode:
                                                             "changed, a new one is returned."}),
                          "image": ("IMAGE", {"tooltip": "Optional picture(s) encoded as context before the "
                                                         "text, with no chat framing; text may then be empty."})},
+            "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    def encode(self, model, text, kv_cache=None, image=None):
-        with comfy_hints():
-            return (encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt, image=image),)
+    def encode(self, model, text, kv_cache=None, image=None, unique_id=None):
+        host.model_ready(model)
+        try:
+            with comfy_hints():
+                cache = encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt, image=image)
+        except BaseException:
+            host.run_finished(model, unique_id, failed=True)
+            raise
+        host.run_finished(model, unique_id)
+        return (cache,)

@@ -16,6 +16,7 @@ from ..dgemma.trace import frame_from_row
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
 MAX_TEXT = 2000
+MAX_PROGRESS_TEXT = 160  # characters of the answer in the node's progress text
 
 
 def _piece(text: str) -> str:
@@ -68,6 +69,20 @@ class StepStream:
         self.previous = frame
         self.count += 1
         return event
+
+    def progress_text(self, frame) -> str:
+        """One step as the short text under the node: where the run is, and the accepted text so far
+        (a position still noise is a dot). Totals are upper bounds: a block may stop early."""
+        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.accepted.tolist())]
+        text = "".join(pieces).replace("\n", " ")
+        if len(text) > MAX_PROGRESS_TEXT:
+            text = text[:MAX_PROGRESS_TEXT - 1] + "…"
+        return (f"block {frame.block + 1} (of ≤{self.blocks}) · step {frame.step + 1} (of ≤{self.steps}) · "
+                f"T {frame.temperature:.3f} · {frame.committed_fraction:.0%} committed\n{text}")
+
+    def done_text(self, steps_used: int, text: str, paused: bool = False) -> str:
+        answer = text if len(text) <= MAX_PROGRESS_TEXT else text[:MAX_PROGRESS_TEXT - 1] + "…"
+        return f"{'paused' if paused else 'done'} · {steps_used} steps\n{answer}"
 
     def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
         """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
 from ..dgemma.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
 from ..dgemma.preflight import short
@@ -32,12 +34,15 @@ def resolve_choice(choice: str) -> str:
     return str(folder)
 
 
-def check_inputs(quant, model, device, dtype, local_files_only) -> None:
+def check_inputs(quant, model, device, dtype, local_files_only, after_run="keep") -> None:
     """ComfyUI's UI sends list values, but API prompts and scripts can send anything: refuse wrong types."""
-    for name, value, choices in (("quant", quant, QUANTS), ("device", device, DEVICES), ("dtype", dtype, DTYPES)):
+    for name, value, choices in (("quant", quant, QUANTS), ("device", device, DEVICES), ("dtype", dtype, DTYPES),
+                                 ("after_run", after_run, host.AFTER_RUN)):
         if not isinstance(value, str):
             raise ValueError(f"Loader input {name} must be text, got {short(value)} ({type(value).__name__}); "
                              f"pick one of {choices}")
+    if after_run not in host.AFTER_RUN:
+        raise ValueError(f"Loader input after_run is {short(after_run)}; pick one of {host.AFTER_RUN}")
     if model is not None and not isinstance(model, str):
         raise ValueError(f"Loader input model must be text, got {short(model)} ({type(model).__name__}); pick a "
                          f"folder under models/{host.MODEL_FOLDER} or a hub id such as {DEFAULT_HUB_ID!r}")
@@ -76,12 +81,37 @@ class DGemmaLoader:
                           "Weight dtype; auto keeps the checkpoint's own (bfloat16 for the real model)."}),
                 "local_files_only": ("BOOLEAN", {"default": False, "tooltip":
                                      "Never contact the hub: load a hub id only from the local HF cache."}),
+                "after_run": (list(host.AFTER_RUN), {"default": "keep", "tooltip": host.AFTER_RUN_TOOLTIP}),
             },
         }
 
-    def load(self, quant, model=None, device="auto", dtype="auto", local_files_only=False):
-        check_inputs(quant, model, device, dtype, local_files_only)
+    def load(self, quant, model=None, device="auto", dtype="auto", local_files_only=False, after_run="keep"):
+        check_inputs(quant, model, device, dtype, local_files_only, after_run)
         source = resolve_choice(model or model_choices()[0])
         host.check_interrupt()
-        return (load_model(source, quant=quant, dtype=dtype, device=device, local_files_only=local_files_only,
-                           should_cancel=host.check_interrupt),)
+
+        def load(should_cancel=None):
+            with quiet_load_bars():
+                return load_model(source, quant=quant, dtype=dtype, device=device,
+                                  local_files_only=local_files_only, should_cancel=should_cancel)
+
+        loaded = load(host.check_interrupt)
+        host.manage(loaded, after_run, reload=load)
+        return (loaded,)
+
+
+@contextmanager
+def quiet_load_bars():
+    """transformers prints a "Loading weights" bar per load into the server log; keep it quiet."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

@@ -38,6 +38,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
     bar = host.Progress(blocks * steps, node_id)
+    note = host.ProgressText(node_id)
+    host.model_ready(model)
     live = host.live()
     if live:
         resumed = advanced.resume if advanced is not None else None
@@ -45,6 +47,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
 
     def on_frame(frame):
         if live:
+            note.show(stream.progress_text(frame))
             host.send(STEP, stream.step(frame))
         bar.to(frame.block * steps + frame.step + 1)
 
@@ -54,11 +57,17 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
                               should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced)
     except BaseException as err:
         if live:
-            host.send(DONE, stream.failed(err))
+            ended = stream.failed(err)
+            note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
+            host.send(DONE, ended)
+        host.run_finished(model, node_id, failed=True)
         raise
+    host.run_finished(model, node_id)
     bar.to(blocks * steps)
     if live:
-        host.send(DONE, stream.done(result.state.steps_used, result.text, result.state.paused))
+        state = result.state
+        note.show(stream.done_text(state.steps_used, result.text, state.paused), force=True)
+        host.send(DONE, stream.done(state.steps_used, result.text, state.paused))
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
                render_images(result.trace, model.token_strings), result.config)
     return outputs + ((result.context,) if advance else ())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dgemma.heatmap import CELL_PX_DEFAULT, CELL_PX_MAX, MODES, heatmap, summary
+from ..dgemma.heatmap import CELL_PX_DEFAULT, CELL_PX_MAX, MODES, SCALES, heatmap, summary
 from .schema import CANVAS_TRACE, CATEGORY, comfy_hints
 
 
@@ -29,9 +29,14 @@ class DGemmaTrace:
                 "cell_px": ("INT", {"default": CELL_PX_DEFAULT, "min": 1, "max": CELL_PX_MAX, "step": 1, "tooltip":
                             "Pixels per cell (positions x steps), nearest-neighbour."}),
             },
+            "optional": {
+                "scale": (list(SCALES), {"default": SCALES[0], "tooltip":
+                          "Entropy mode's colour scale: fixed (0 to ln 262144 nats, runs compare) or this run "
+                          "(0 to the run's highest entropy: shows a confident model's small entropies)."}),
+            },
         }
 
-    def render(self, canvas_trace, mode=MODES[0], cell_px=CELL_PX_DEFAULT):
+    def render(self, canvas_trace, mode=MODES[0], cell_px=CELL_PX_DEFAULT, scale=SCALES[0]):
         with comfy_hints():
-            image = heatmap(canvas_trace, mode, cell_px)
-        return (torch.from_numpy(image), summary(canvas_trace, mode))
+            image = heatmap(canvas_trace, mode, cell_px, scale)
+        return (torch.from_numpy(image), summary(canvas_trace, mode, scale))

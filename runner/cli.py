@@ -13,21 +13,27 @@ from .client import check_server_url, submit
 from .core_nodes import describe
 from .execute import run_graph
 
-DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "examples" / "api" / "demo_smoke.json"
+DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "example_workflows" / "api" / "demo_smoke.json"
 
 
 def _print_step(event: str, data: dict) -> None:
-    if event == events.STEP:
-        text = "".join(data["tokens"]).replace("\n", "⏎")
-        print(f"  [{data['node']}] block {data['block'] + 1}/{data['blocks']} step {data['step'] + 1}/"
-              f"{data['steps']} T={data['T']:.3f} committed {data['committed']:.0%} | {text[:60]}",
+    """Blocks and steps are counted as the frames' captions count them; the plan's totals are only
+    upper bounds (a block stops early once it settles), so they are said once, at the start."""
+    if event == events.START:
+        print(f"  [{data['node']}] up to {data['blocks']} block(s) of up to {data['steps']} steps",
               file=sys.stderr, flush=True)
+    elif event == events.STEP:
+        text = "".join(data["tokens"]).replace("\n", "⏎")
+        print(f"  [{data['node']}] block {data['block'] + 1} step {data['step'] + 1} T={data['T']:.3f} "
+              f"committed {data['committed']:.0%} | {text[:60]}", file=sys.stderr, flush=True)
+    elif event == events.DONE:
+        print(f"  [{data['node']}] {data['status']} after {data['steps_used']} steps", file=sys.stderr, flush=True)
 
 
 def _print_event(event: str, data: dict) -> None:
-    if event == events.STEP:
+    if event in (events.START, events.STEP, events.DONE):
         _print_step(event, data)
-    elif event not in (events.START, events.DONE, "progress", "progress_state", "status"):
+    elif event not in ("progress", "progress_state", "status"):
         print(f"  {event}: {json.dumps(data)[:300]}", file=sys.stderr, flush=True)
 
 
@@ -82,10 +88,18 @@ def main(argv=None) -> int:
     os.environ["DGEMMA_OUTPUT_DIR"] = str(args.out.resolve())
     if not args.quiet:
         host.listen(_print_step)
+    before = _files(args.out)
     try:
         uis = run_graph(graph)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     _report(graph, uis)
+    if _files(args.out) == before:
+        print(f"note: nothing was written to {args.out}: this graph has no node that saves a file (SaveImage, "
+              "Video Combine, DGemmaRunLogWriter); its results are the text above", file=sys.stderr)
     return 0
+
+
+def _files(folder: Path) -> set:
+    return {(p, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else set()

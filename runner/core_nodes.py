@@ -5,7 +5,6 @@ Their inputs mirror the real nodes', so a graph that validates here validates in
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 
@@ -31,17 +30,16 @@ def _save_pngs(images, prefix: str) -> list[str]:
 
 
 def describe(value) -> str:
-    """What PreviewAny shows: text as is, payloads as readable JSON."""
+    """What ComfyUI's PreviewAny shows: text as is, JSON when it serialises, else str() (the
+    payloads' short summaries)."""
     if isinstance(value, str):
         return value
-    if hasattr(value, "asdict"):
-        value = value.asdict()
-    elif dataclasses.is_dataclass(value):
-        return f"<{type(value).__name__}>"
+    if isinstance(value, (int, float, bool)):
+        return str(value)
     try:
-        return json.dumps(value, indent=2, default=str)
-    except TypeError:
-        return repr(value)
+        return json.dumps(value, indent=4)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 class PreviewAny:

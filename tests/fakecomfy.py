@@ -20,6 +20,9 @@ class Recorder:
         self.models_dir = tmp_path / "models"
         self.output_dir = tmp_path / "output"
         self.folders: dict[str, list[str]] = {}
+        self.memory: list[tuple[str, str]] = []  # ("load" | "unload", model class name), in order
+        self.text: list[tuple[str, str]] = []    # send_progress_text calls: (node id, text)
+        self.registry = None                      # comfy_execution.progress's registry of the prompt
 
     def steps(self) -> list[dict]:
         return [data for event, data, _ in self.events if event == "dgemma.step"]
@@ -32,6 +35,9 @@ def installed(tmp_path):
 
     class Instance:
         client_id = "client-1"
+
+        def send_progress_text(self, text, node_id, sid=None):
+            rec.text.append((str(node_id), text))
 
         def send_sync(self, event, data, sid=None):
             rec.events.append((event, data, sid))
@@ -59,12 +65,22 @@ def installed(tmp_path):
     mm.InterruptProcessingException = InterruptProcessingException
     mm.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
     comfy.utils, comfy.model_management = utils, mm
+    mm.__dict__.update(_model_management(rec))
+    patcher = types.ModuleType("comfy.model_patcher")
+    patcher.ModelPatcher = _patcher_class(rec)
+    comfy.model_patcher = patcher
+    execution = types.ModuleType("comfy_execution")
+    progress = types.ModuleType("comfy_execution.progress")
+    progress.get_progress_state = lambda: rec.registry
+    rec.registry = Registry()
+    execution.progress = progress
     fp = types.ModuleType("folder_paths")
     fp.models_dir = str(rec.models_dir)
     fp.add_model_folder_path = lambda name, path: rec.folders.setdefault(name, []).append(path)
     fp.get_folder_paths = lambda name: list(rec.folders[name])
     fp.get_output_directory = lambda: str(rec.output_dir)
     modules = {"server": server, "comfy": comfy, "comfy.utils": utils, "comfy.model_management": mm,
+               "comfy.model_patcher": patcher, "comfy_execution": execution, "comfy_execution.progress": progress,
                "folder_paths": fp}
     saved = {name: sys.modules.get(name) for name in modules}
     sys.modules.update(modules)
@@ -76,3 +92,85 @@ def installed(tmp_path):
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
+
+
+class Registry:
+    """comfy_execution.progress's per-prompt registry: handlers hear when each node finishes."""
+
+    def __init__(self):
+        self.handlers: dict = {}
+
+    def register_handler(self, handler):
+        self.handlers[handler.name] = handler
+
+    def finish_progress(self, node_id):
+        for handler in list(self.handlers.values()):
+            if handler.enabled:
+                handler.finish_handler(node_id, {"state": "finished"}, "prompt-1")
+
+    def new_prompt(self):
+        """What ComfyUI does at a prompt's start: reset the handlers, then a fresh registry."""
+        for handler in self.handlers.values():
+            handler.reset()
+        self.handlers = {}
+
+
+def _patcher_class(rec):
+    class ModelPatcher:
+        """comfy.model_patcher.ModelPatcher's part the pack uses: load to / detach from a device."""
+
+        def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
+            self.model, self.load_device, self.offload_device = model, load_device, offload_device
+            self.parent = None
+            if getattr(model, "device", None) is None:
+                model.device = offload_device
+
+        def load(self, device_to):
+            self.model.to(device_to)
+            self.model.device = device_to
+            rec.memory.append(("load", type(self.model).__name__))
+
+        def detach(self, unpatch_all=True):
+            self.model.to(self.offload_device)
+            self.model.device = self.offload_device
+            rec.memory.append(("unload", type(self.model).__name__))
+            return self.model
+
+        def current_loaded_device(self):
+            return self.model.device
+
+    return ModelPatcher
+
+
+def _model_management(rec) -> dict:
+    """comfy.model_management's loaded-model list with its load, free and unload functions."""
+    current = []
+
+    class LoadedModel:
+        def __init__(self, patcher):
+            self.model, self.device = patcher, patcher.load_device
+
+        def model_unload(self, memory_to_free=None, unpatch_weights=True):
+            self.model.detach(unpatch_weights)
+            return True
+
+    def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None,
+                        force_full_load=False):
+        for patcher in models:
+            if any(loaded.model is patcher for loaded in current):
+                continue  # already loaded: nothing moves
+            patcher.load(patcher.load_device)
+            current.insert(0, LoadedModel(patcher))
+
+    def free_memory(memory_required, device, keep_loaded=()):
+        """Another model needs the device: unload everything else there (the fake has no sizes)."""
+        freed = [m for m in current if device in (None, m.device) and m not in keep_loaded]
+        for loaded in freed:
+            loaded.model_unload()
+            current.remove(loaded)
+        return freed
+
+    return {"current_loaded_models": current, "load_models_gpu": load_models_gpu, "free_memory": free_memory,
+            "loaded_models": lambda only_currently_used=False: [m.model for m in current],
+            "soft_empty_cache": lambda force=False: None,
+            "unload_all_models": lambda: free_memory(1e30, None)}

@@ -13,15 +13,18 @@ from diffusiongemma.nodes.loader import model_choices
 from diffusiongemma.runner.execute import CLASSES, run_graph
 from diffusiongemma.runner.graph import input_specs, validate, widget_layout
 
-API = sorted((REPO / "examples" / "api").glob("*.json"))
-UI = sorted((REPO / "examples").glob("*.json"))
+API = sorted((REPO / "example_workflows" / "api").glob("*.json"))
+UI = sorted((REPO / "example_workflows").glob("*.json"))
 FRONTEND_ONLY = {"Note", "MarkdownNote"}
 
 
 def test_there_are_examples_of_each_kind():
     names = {p.stem for p in API}
-    assert {"ping", "knobs", "trace", "thinking", "runlog", "gif", "kv_cache", "demo_smoke"} <= names
-    assert len(UI) >= 3
+    assert {"ping", "knobs", "trace", "thinking", "runlog", "gif", "kv_cache", "demo_smoke", "start_here", "image",
+            "advanced_chain", "advanced_infill", "advanced_schedulers"} <= names
+    assert {"diffusiongemma_start_here", "diffusiongemma_kv_cache", "diffusiongemma_thinking",
+            "diffusiongemma_gif", "diffusiongemma_advanced_chain", "diffusiongemma_advanced_infill",
+            "diffusiongemma_advanced_schedulers", "diffusiongemma_image"} <= {p.stem for p in UI}
 
 
 @pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
@@ -73,13 +76,50 @@ def test_ui_example_validates(path):
         assert link_id in nodes[origin]["outputs"][slot]["links"]
 
 
-@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
-def test_ui_examples_are_generated_from_their_api_graphs(path):
+def _ui_workflow():
     sys.path.insert(0, str(REPO / "tools"))
     import ui_workflow
 
-    api = json.loads((REPO / "examples" / "api" / f"{ui_workflow.SOURCES[path.stem]}.json").read_text())
-    assert json.loads(path.read_text()) == ui_workflow.to_ui(api, ui_workflow.NOTES[path.stem])
+    return ui_workflow
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_ui_examples_are_generated_from_their_api_graphs(path):
+    ui_workflow = _ui_workflow()
+    template = ui_workflow.TEMPLATES[path.stem]
+    api = json.loads((REPO / "example_workflows" / "api" / f"{template['source']}.json").read_text())
+    assert json.loads(path.read_text()) == ui_workflow.to_ui(api, template)
+
+
+TITLE = 30  # the frontend draws a node's title bar above its pos
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_templates_open_readable_in_a_1600_by_1000_window(path):
+    """The saved view is at least 80 % and the graph fits the window there; no node hides another."""
+    ui_workflow = _ui_workflow()
+    workflow = json.loads(path.read_text())
+    view = workflow["extra"]["ds"]
+    left, top, right, bottom = ui_workflow.bounds(workflow)
+    assert view["scale"] >= 0.8 and (left, top) == (0, 0)
+    assert right * view["scale"] <= ui_workflow.WINDOW[0] and bottom * view["scale"] <= ui_workflow.WINDOW[1]
+    assert view["offset"][0] + ui_workflow.WINDOW[0] <= 1600 and view["offset"][1] + ui_workflow.WINDOW[1] <= 1000
+    boxes = [(n["pos"][0], n["pos"][1] - TITLE, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in workflow["nodes"]]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
+    notes = [n["widgets_values"][0] for n in workflow["nodes"] if n["type"] == "Note"]
+    assert notes and all(len(text) <= 320 for text in notes)
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_every_template_has_a_thumbnail_from_a_screenshot(path):
+    from PIL import Image
+
+    thumb = path.with_suffix(".jpg")
+    with Image.open(thumb) as image:
+        assert image.format == "JPEG" and image.width >= 400 and image.height >= 250
 
 
 @pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
@@ -91,9 +131,8 @@ def test_api_example_runs_headless(path, tmp_path, monkeypatch):
     assert outputs, "no output node ran"
     texts = [t for ui in outputs.values() for t in ui.get("text", [])]
     texts += [json.loads(open(t).read().splitlines()[-1])["text"] for t in texts if t.endswith(".jsonl")]
-    if path.stem != "ping":
-        expected = "red" if path.stem == "image" else "seven"
-        assert expected in texts, texts[:3]
+    expected = {"ping": "three", "image": "red"}.get(path.stem, "seven")
+    assert expected in texts, texts[:3]
     for ui in outputs.values():
         for file in ui.get("images", []) + ui.get("gifs", []):
             assert (tmp_path / file).is_file() and (tmp_path / file).stat().st_size > 0
@@ -105,7 +144,16 @@ def test_main_command_runs_the_demo_smoke_graph(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "text: seven" in done.stdout
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".gif", ".jsonl", ".png"]
-    assert "step 1/" in done.stderr
+    assert "up to 8 block(s) of up to 48 steps" in done.stderr and "block 1 step 1 T=" in done.stderr
+    assert "nothing was written" not in done.stderr
+
+
+def test_headless_says_when_out_receives_nothing(tmp_path):
+    ping = REPO / "example_workflows" / "api" / "ping.json"
+    done = subprocess.run([sys.executable, "-m", "headless", str(ping), "--out", str(tmp_path), "--quiet"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "text: three" in done.stdout, done.stderr[-2000:]
+    assert "nothing was written" in done.stderr and not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -117,7 +165,7 @@ def test_main_command_runs_the_demo_smoke_graph(tmp_path):
     (lambda g: g["2"]["inputs"].update(model=["2", 0]), "expects DGEMMA_MODEL"),
 ])
 def test_bad_graphs_are_refused_before_running(mutate, message):
-    graph = json.loads((REPO / "examples" / "api" / "ping.json").read_text())
+    graph = json.loads((REPO / "example_workflows" / "api" / "ping.json").read_text())
     mutate(graph)
     errors = validate(graph, CLASSES)
     assert any(message in e for e in errors), errors

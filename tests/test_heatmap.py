@@ -71,3 +71,15 @@ def test_summary_is_readable_and_states_legend_and_scale():
     assert " 25  50 100" in text and "mean entropy 1.000 nats" in text
     assert "0..12.48 nats" in text and "magenta row separates blocks" in text
     assert "new (amber) = newly committed" in hm.summary(trace_of(MASK, blocks=BLOCKS), "commit")
+
+
+def test_this_run_scale_spreads_a_confident_runs_small_entropies_and_says_so():
+    trace = trace_of([[1, 0, 0]], entropy=[[0.001, 0.02, 0.04]])
+    fixed = hm.heatmap(trace, "entropy", 1)[0, 0]
+    own = hm.heatmap(trace, "entropy", 1, "this run")[0, 0]
+    assert np.allclose(fixed[0], fixed[2], atol=0.05)  # one flat colour on the fixed scale
+    assert np.abs(own[0] - own[2]).max() > 0.5 and own[2] == pytest.approx(hm.RAMP[-1] / 255, abs=0.01)
+    text = hm.summary(trace, "entropy", "this run")
+    assert "this run's own range" in text and "0..0.04 nats" in text
+    with pytest.raises(ValueError, match="scale must be"):
+        hm.heatmap(trace, "entropy", 1, "log")

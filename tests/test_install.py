@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import REPO
 
@@ -19,12 +20,37 @@ def test_satisfied_environment_installs_nothing():
     assert "all requirements satisfied" in done.stdout and "ok        transformers" in done.stdout
 
 
-def test_missing_or_old_packages_are_installed_with_core_pins(monkeypatch, capsys):
+def test_missing_or_old_packages_are_installed_with_core_pins_and_no_file_is_left(monkeypatch, capsys):
     monkeypatch.setattr(install, "read_requirements", lambda path: ["transformers>=99", "no-such-package-xyz>=1"])
-    assert install.main(["--dry-run"]) == 0
+    seen = {}
+
+    def pip(command):
+        seen["path"] = Path(command[command.index("--constraint") + 1])
+        seen["pins"] = seen["path"].read_text()
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(install.subprocess, "run", pip)
+    assert install.main([]) == 0
     out = capsys.readouterr().out
     assert "install   transformers>=99 (found 5." in out and "(found nothing)" in out
     command = [line for line in out.splitlines() if "running:" in line][0]
     assert "--constraint" in command and command.endswith("transformers>=99 no-such-package-xyz>=1")
-    pins = open(command.split("--constraint ")[1].split()[0]).read()
-    assert "torch==" in pins and "numpy==" in pins
+    assert "torch==" in seen["pins"] and "numpy==" in seen["pins"]
+    assert not seen["path"].exists() and not seen["path"].parent.exists()
+
+
+def test_registry_metadata_is_complete():
+    import tomllib
+    from PIL import Image
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == {"file": "LICENSE"}
+    head = (REPO / "LICENSE").read_text().split()[:5]
+    assert head == ["GNU", "GENERAL", "PUBLIC", "LICENSE", "Version"] and "Version 3, 29 June 2007" in \
+        (REPO / "LICENSE").read_text()[:200]
+    assert any("GPLv3+" in c for c in project["project"]["classifiers"])
+    comfy = project["tool"]["comfy"]
+    assert comfy["requires-comfyui"].startswith(">=") and comfy["PublisherId"] and comfy["DisplayName"]
+    icon = REPO / comfy["Icon"].split("/main/", 1)[1]
+    with Image.open(icon) as image:
+        assert image.format == "PNG" and image.width == image.height <= 400

@@ -239,7 +239,7 @@ def test_very_deep_chains_are_ordered_without_recursion():
 def test_the_example_graphs_still_validate():
     from conftest import REPO
 
-    for path in sorted((REPO / "examples" / "api").glob("*.json")):
+    for path in sorted((REPO / "example_workflows" / "api").glob("*.json")):
         assert validate(json.loads(path.read_text()), CLASSES) == [], path.name
 
 

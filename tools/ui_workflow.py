@@ -1,6 +1,6 @@
-"""Write the UI-format example workflows (examples/*.json) from API graphs and the node schemas.
+"""Write the UI-format templates (example_workflows/*.json) from API graphs and the node schemas.
 
-Each workflow is an API graph laid out in columns by depth, plus Note nodes that explain it.
+Each template is an API graph placed by its layout table below, plus Note nodes that explain it.
 Re-run after changing a node's inputs: `python tools/ui_workflow.py`.
 """
 
@@ -19,77 +19,115 @@ load_pack()
 from diffusiongemma.runner.execute import CLASSES  # noqa: E402
 from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 
-NOTES = {
-    "diffusiongemma_start_here": [
-        "DiffusionGemma writes by denoising: the Sampler's canvas starts as uniform random tokens and, step by "
-        "step, the scheduler accepts the positions it is surest of (lowest entropy) and re-noises the rest. "
-        "Press Run and watch the Sampler node: bright text is accepted, dim text is noise.",
-        "Knobs: t_max -> t_min is the temperature anneal (hot first step, cooler later). entropy_bound is the "
-        "joint entropy (nats) the scheduler may accept per step: lower means more, smaller steps. confidence "
-        "stops a block early once the argmax is stable and the mean entropy is below it (0 = never).",
-        "Outputs: text is the answer (thought channel cut out). canvas_state says whether the model closed its "
-        "turn (turn_closed) and how long the answer is. The Trace heatmap shows which positions were accepted at "
-        "each step; the run log keeps every step as JSON Lines in the output folder.",
-        "The model box defaults to diffusiongemma-demo, a tiny model trained for this pack: it answers 'What is "
-        "a+b?' in words and runs on any CPU. Put the real checkpoint folder under models/diffusiongemma and pick "
-        "it in the Loader to run google/diffusiongemma-26B-A4B-it.",
-    ],
-    "diffusiongemma_kv_cache": [
-        "Encode turns raw CONTEXT (no chat framing) into a KV cache. Denoise's prompt is the TURN: with both, "
-        "the turn is prefilled after the context and the answer is generated on top. Empty prompt = pure "
-        "injection. The cache is never modified, so re-running with another seed and back gives the same text.",
-    ],
-    "diffusiongemma_thinking": [
-        "thinking=true renders the chat template with the model's native thinking switch. The model writes its "
-        "thought channel first; text keeps only the answer and canvas_state.thought holds the thought.",
-    ],
-    "diffusiongemma_advanced_chain": [
-        "Two Advanced samplers, one run: the first runs steps [0, 6) of the schedule and pauses; its "
-        "canvas_state carries the unfinished canvas, self-conditioning, generator and cache, so the second "
-        "continues at step 6 (its live view starts from that canvas, not from noise) with a looser "
-        "entropy_bound. With the same knobs, the chain is token-, frame- and step-identical to one run.",
-    ],
-    "diffusiongemma_advanced_infill": [
-        "Pins hold text in place (blue in the live view, frames and heatmap). The template pins the thought "
-        "'thought\\n3+4=7' from answer position 1 and leaves blanks (___{1} is one position, ___ three or "
-        "more) for the model; a line '12: text' pins text at a position. The model still answers seven.",
-    ],
-    "diffusiongemma_advanced_schedulers": [
-        "One prompt, three diffusers schedulers: entropy_bound (the released default), block_refinement "
-        "(commits the most confident share each step) and discrete_ddim (ancestral DDIM, here with one "
-        "corrector sweep). Each matches diffusers' DiffusionGemmaPipeline token for token.",
-    ],
-    "diffusiongemma_image": [
-        "The Sampler's optional image input: the picture goes through the model's own image processor into "
-        "the encoder (about 280 soft tokens per image on the real model), before the text of the turn. The "
-        "canvas holds only the answer, so you watch the caption anneal out of noise next to the picture.",
-        "The demo model learned one visual question: pick a colour in Empty Image (or wire Load Image with a "
-        "plain red, green, blue, yellow, cyan, magenta, white or black picture) and ask 'What colour is this?'. "
-        "run_config records the image's size and a content hash, never its pixels.",
-    ],
+# Each template: its API graph (example_workflows/api/), where each node sits (x, y, width, height)
+# and short notes. Sizes are at least what ComfyUI's frontend gives each node, so the layout holds;
+# the whole graph fits in WINDOW at scale 1, so a template opens readable without zooming.
+WINDOW = (1480, 600)  # canvas units visible in a 1600x1000 window beside the menus and minimap
+VIEW = {"scale": 1.0, "offset": [80, 130]}  # where it opens: below the Run bar, right of the sidebar
+T = {"DGemmaLoader": (340, 200), "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 600),
+     "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (440, 720)}
+
+TEMPLATES = {
+    "diffusiongemma_start_here": {
+        "source": "start_here",
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSampler"]),
+                  "3": (820, 0, 320, 130), "4": (820, 170, 320, 210),
+                  "5": (1160, 0, *T["DGemmaTrace"]), "6": (1160, 180, 320, 220)},
+        "notes": [
+            ((0, 240, 340, 150), "1 · Loader: the model box defaults to diffusiongemma-demo, a tiny model "
+             "trained for this pack that answers 'What is a+b?' on any CPU. Put the real checkpoint folder "
+             "under models/diffusiongemma to pick it. after_run: keep, offload to CPU or unload."),
+            ((0, 430, 340, 170), "2 · Sampler: press Run and watch it. The canvas starts as random tokens; "
+             "each step the surest positions are accepted (bright) and the rest re-noised (dim)."),
+            ((820, 420, 320, 180), "3 · Outputs: text is the answer. canvas_state says whether the model "
+             "closed its turn and how many steps it took. Knobs: t_max → t_min anneals the temperature; "
+             "entropy_bound is what a step may accept; confidence stops a block early."),
+            ((1160, 440, 320, 160), "4 · Trace: a heatmap of positions (columns) × steps (rows) from the "
+             "scheduler's real accepted mask; mode entropy shows its uncertainty."),
+        ],
+    },
+    "diffusiongemma_kv_cache": {
+        "source": "kv_cache",
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaEncode"]),
+                  "3": (720, 0, *T["DGemmaDenoise"]), "4": (1180, 0, 300, 130), "5": (1180, 170, 300, 210)},
+        "notes": [
+            ((360, 240, 340, 200), "KV context: Encode turns raw CONTEXT (no chat framing) into a KV cache. "
+             "Denoise's prompt is the TURN, prefilled after the context; an empty prompt is pure injection. "
+             "The cache is never modified: re-running gives the same text."),
+            ((0, 240, 340, 150), "The demo model learned this too: context 'a=3, b=4.', turn 'What is a+b?'."),
+        ],
+    },
+    "diffusiongemma_thinking": {
+        "source": "thinking",
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSampler"]),
+                  "3": (820, 0, 320, 130), "4": (820, 170, 320, 210)},
+        "notes": [
+            ((0, 240, 340, 200), "thinking = true renders the chat template with the model's own thinking "
+             "switch. The model writes its thought channel first: text keeps only the answer, "
+             "canvas_state.thought holds the thought."),
+        ],
+    },
+    "diffusiongemma_gif": {
+        "source": "gif",
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSampler"]),
+                  "3": (820, 0, 360, 520), "4": (1200, 0, 280, 130)},
+        "notes": [
+            ((0, 240, 340, 200), "GIF export: the Sampler's images output is every step as one image batch. "
+             "Video Combine (VideoHelperSuite) writes it as a GIF or MP4; core SaveAnimatedWEBP works too."),
+        ],
+    },
+    "diffusiongemma_image": {
+        "source": "image",
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (0, 240, 340, 130), "3": (360, 0, *T["DGemmaSampler"]),
+                  "4": (820, 0, 320, 130), "5": (0, 410, 340, 190), "6": (820, 170, 320, 210)},
+        "notes": [
+            ((1160, 0, 320, 300), "Image input: the picture goes through the model's own image processor into "
+             "the encoder, before the turn's text; the canvas holds only the answer. The demo model names a "
+             "plain colour: pick one in Empty Image and ask 'What colour is this?'. run_config records the "
+             "image's size and hash."),
+        ],
+    },
+    "diffusiongemma_advanced_chain": {
+        "source": "advanced_chain",
+        "view": {"scale": 0.8, "offset": [80, 130]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
+                  "3": (820, 0, *T["DGemmaSamplerAdvanced"]), "4": (1280, 0, 320, 130),
+                  "5": (1280, 170, 360, 520)},
+        "notes": [
+            ((0, 240, 340, 220), "Two Advanced samplers, one run: the first runs steps [0, 6) and pauses; its "
+             "canvas_state carries the unfinished canvas, so the second continues at step 6 from that canvas, "
+             "not from noise. With the same knobs the chain is identical to one run."),
+        ],
+    },
+    "diffusiongemma_advanced_infill": {
+        "source": "advanced_infill",
+        "view": {"scale": 0.8, "offset": [80, 130]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
+                  "3": (820, 0, 320, 130), "4": (820, 170, *T["DGemmaTrace"]), "5": (820, 350, 320, 220)},
+        "notes": [
+            ((0, 240, 340, 220), "Pins hold text in place (blue in every view). ___{1} is one free position, "
+             "___ three or more; a line '12: text' pins text at a position. The model fills the blanks and "
+             "still answers seven."),
+        ],
+    },
+    "diffusiongemma_advanced_schedulers": {
+        "source": "advanced_schedulers",
+        "view": {"scale": 0.8, "offset": [80, 130]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
+                  "3": (820, 0, *T["DGemmaSamplerAdvanced"]), "4": (1280, 0, *T["DGemmaSamplerAdvanced"]),
+                  "5": (360, 740, 440, 100), "6": (820, 740, 440, 100), "7": (1280, 740, 440, 100),
+                  "8": (1740, 0, 300, 240), "9": (1740, 280, 300, 240), "10": (1740, 560, 300, 240)},
+        "notes": [
+            ((0, 240, 340, 220), "One prompt, three diffusers schedulers: entropy_bound (the default), "
+             "block_refinement (commits the surest share each step) and discrete_ddim (ancestral DDIM with a "
+             "corrector sweep). Each matches diffusers' pipeline token for token."),
+        ],
+    },
 }
-SOURCES = {"diffusiongemma_start_here": "trace_runlog", "diffusiongemma_kv_cache": "kv_cache",
-           "diffusiongemma_thinking": "thinking", "diffusiongemma_advanced_chain": "advanced_chain",
-           "diffusiongemma_advanced_infill": "advanced_infill",
-           "diffusiongemma_advanced_schedulers": "advanced_schedulers", "diffusiongemma_image": "image"}
 
 
-def _depths(graph: dict) -> dict:
-    depth: dict = {}
-
-    def of(node_id):
-        if node_id not in depth:
-            links = [v[0] for v in graph[node_id]["inputs"].values() if is_link(v)]
-            depth[node_id] = 1 + max((of(n) for n in links), default=-1)
-        return depth[node_id]
-
-    for node_id in graph:
-        of(node_id)
-    return depth
-
-
-def to_ui(graph: dict, notes: list[str]) -> dict:
-    depth, rows, nodes, links = _depths(graph), {}, [], []
+def to_ui(graph: dict, template: dict) -> dict:
+    nodes, links = [], []
     ids = {node_id: i + 1 for i, node_id in enumerate(graph)}
     out_links: dict = {}
     for node_id, node in graph.items():
@@ -101,15 +139,9 @@ def to_ui(graph: dict, notes: list[str]) -> dict:
                 links.append([link_id, ids[value[0]], value[1], ids[node_id], slot,
                               source.RETURN_TYPES[value[1]]])
                 out_links.setdefault((value[0], value[1]), []).append(link_id)
-    # Samplers grow downward while their live view paints, so they go last in their column.
-    positions = {}
-    for node_id in sorted(graph, key=lambda n: graph[n]["class_type"] in ("DGemmaSampler", "DGemmaDenoise")):
-        column = depth[node_id]
-        row = rows.get(column, 0)
-        rows[column] = row + 1
-        positions[node_id] = [40 + 420 * column, 60 + 330 * row]
     for node_id, node in graph.items():
         cls = CLASSES[node["class_type"]]
+        x, y, w, h = template["nodes"][node_id]
         inputs = []
         for name, spec in _sockets(cls):
             value = node["inputs"].get(name)
@@ -119,16 +151,24 @@ def to_ui(graph: dict, notes: list[str]) -> dict:
                    for i, (t, n) in enumerate(zip(cls.RETURN_TYPES, getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)))]
         values = ["fixed" if name is None else node["inputs"].get(name, _default(cls, name))
                   for name in widget_layout(cls)]
-        nodes.append({"id": ids[node_id], "type": node["class_type"], "pos": positions[node_id],
-                      "size": [380, 300 if node["class_type"] == "DGemmaSampler" else 160], "flags": {},
+        nodes.append({"id": ids[node_id], "type": node["class_type"], "pos": [x, y], "size": [w, h], "flags": {},
                       "order": len(nodes), "mode": 0, "inputs": inputs, "outputs": outputs,
                       "properties": {"Node name for S&R": node["class_type"]}, "widgets_values": values})
-    for i, text in enumerate(notes):
-        nodes.append({"id": len(nodes) + 1, "type": "Note", "pos": [40 + 430 * i, -300], "size": [410, 260],
+    for (x, y, w, h), text in template["notes"]:
+        nodes.append({"id": len(nodes) + 1, "type": "Note", "pos": [x, y], "size": [w, h],
                       "flags": {}, "order": len(nodes), "mode": 0, "inputs": [], "outputs": [],
                       "properties": {}, "widgets_values": [text]})
+    view = {"ds": dict(template.get("view", VIEW))}
     return {"last_node_id": len(nodes), "last_link_id": len(links), "nodes": nodes, "links": links,
-            "groups": [], "config": {}, "extra": {}, "version": 0.4}
+            "groups": [], "config": {}, "extra": view, "version": 0.4}
+
+
+def bounds(workflow: dict) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of every node, in canvas units."""
+    boxes = [(n["pos"][0], n["pos"][1], n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in workflow["nodes"]]
+    return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes),
+            max(b[3] for b in boxes))
 
 
 def _sockets(cls):
@@ -144,10 +184,10 @@ def _default(cls, name):
 
 
 def main() -> None:
-    for name, source in SOURCES.items():
-        graph = json.loads((REPO / "examples" / "api" / f"{source}.json").read_text())
-        (REPO / "examples" / f"{name}.json").write_text(json.dumps(to_ui(graph, NOTES[name]), indent=1) + "\n")
-        print(f"wrote examples/{name}.json")
+    for name, template in TEMPLATES.items():
+        graph = json.loads((REPO / "example_workflows" / "api" / f"{template['source']}.json").read_text())
+        (REPO / "example_workflows" / f"{name}.json").write_text(json.dumps(to_ui(graph, template), indent=1) + "\n")
+        print(f"wrote example_workflows/{name}.json")
 
 
 if __name__ == "__main__":
