@@ -15,6 +15,7 @@ from .schema import (
     KV_CACHE,
     SAMPLER_OUTPUTS,
     comfy_hints,
+    context_input,
     image_input,
     knob_inputs,
     model_input,
@@ -118,9 +119,7 @@ class DGemmaDenoise(DGemmaSampler):
     def INPUT_TYPES(cls):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
-        spec["optional"] = {"kv_cache": (KV_CACHE, {"tooltip": "Encoded CONTEXT from DGemmaEncode (raw text, no "
-                                                               "chat framing); leave unwired for a plain run."}),
-                            "image": image_input()}
+        spec["optional"] = {"kv_cache": context_input(), "image": image_input()}
         return spec
 
     def denoise(self, model, prompt, kv_cache=None, image=None, unique_id=None, **knobs):

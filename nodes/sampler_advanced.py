@@ -7,7 +7,7 @@ from ..dgemma.payloads import CanvasState
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
-from .schema import CANVAS_STATE, KV_CACHE, SAMPLER_OUTPUTS, comfy_hints, image_input, knob_inputs, output_spec
+from .schema import CANVAS_STATE, SAMPLER_OUTPUTS, comfy_hints, context_input, image_input, knob_inputs, output_spec
 
 PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
                 "answer, each blank (___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; "
@@ -55,8 +55,7 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
             "pins": ("STRING", {"multiline": True, "default": "", "tooltip": PINS_TOOLTIP}),
         })
         spec["optional"] = {
-            "kv_cache": (KV_CACHE, {"tooltip": "Encoded CONTEXT from DGemmaEncode (raw text, no chat framing); "
-                                               "leave unwired for a plain run."}),
+            "kv_cache": context_input(),
             "canvas_state": (CANVAS_STATE, {"tooltip": STATE_IN_TOOLTIP}),
             "image": image_input(),
             **knob_inputs(SCHEDULER_KNOBS),

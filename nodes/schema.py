@@ -101,3 +101,8 @@ IMAGE_TOOLTIP = ("Optional picture(s) the model reads through its vision encoder
 
 def image_input() -> tuple:
     return ("IMAGE", {"tooltip": IMAGE_TOOLTIP})
+
+
+def context_input() -> tuple:
+    return (KV_CACHE, {"tooltip": "Encoded CONTEXT from DGemmaEncode (raw text, no chat framing); leave unwired "
+                                  "for a plain run."})
