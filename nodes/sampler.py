@@ -63,7 +63,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
             host.send(DONE, ended)
         host.run_finished(model, node_id, failed=True)
         raise
-    host.run_finished(model, node_id)
+    if not result.state.paused:  # a paused canvas keeps the model where it is for the node that resumes it
+        host.run_finished(model, node_id)
     bar.to(blocks * steps)
     if live:
         state = result.state

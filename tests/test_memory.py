@@ -11,7 +11,8 @@ from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.nodes import host
 from diffusiongemma.runner.execute import run_graph
 
-Loader, Sampler, Encode = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler", "DGemmaEncode"))
+Loader, Sampler, Encode, Advanced = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler",
+                                                                       "DGemmaEncode", "DGemmaSamplerAdvanced"))
 KNOBS = dict(seed=5, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.005,
              gen_length=32, thinking=False)
 ASK = "What is 3+4?"
@@ -74,6 +75,19 @@ def test_a_failed_run_applies_the_policy_at_once(tmp_path):
         assert _managed(comfy) == []
         (text, *_), _ = call(Sampler, model=dm, prompt=ASK, **KNOBS)
         assert text == "seven" and _managed(comfy) == [dm.model]
+
+
+def test_a_paused_window_keeps_the_model_for_the_window_that_resumes_it(tmp_path):
+    with fakecomfy.installed(tmp_path) as comfy:
+        dm = _load("offload to CPU")
+        window = dict(KNOBS, scheduler="entropy_bound", pins="", confidence=0.0)
+        (_, state, *_), _ = call(Advanced, model=dm, prompt=ASK, start_step=0, end_step=6, **window)
+        comfy.registry.finish_progress("17")
+        assert state.paused and _managed(comfy) == [dm.model]
+        (text, state, *_), _ = call(Advanced, model=dm, prompt=ASK, start_step=6, end_step=1024, canvas_state=state,
+                                    **window)
+        comfy.registry.finish_progress("17")
+        assert not state.paused and text == "seven" and _managed(comfy) == []
 
 
 def test_encode_takes_part_too(tmp_path):
