@@ -96,19 +96,25 @@ TITLE = 30  # the frontend draws a node's title bar above its pos
 
 @pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
 def test_templates_open_readable_in_a_1600_by_1000_window(path):
-    """The saved view is at least 80 % and the graph fits the window there; no node hides another."""
+    """The saved view is at least 80 % and the graph fits the free canvas there, clear of the minimap;
+    every node is at least the size the frontend gives it, and no node hides another."""
     ui_workflow = _ui_workflow()
     workflow = json.loads(path.read_text())
     view = workflow["extra"]["ds"]
+    scale = view["scale"]
     left, top, right, bottom = ui_workflow.bounds(workflow)
-    assert view["scale"] >= 0.8 and (left, top) == (0, 0)
-    assert right * view["scale"] <= ui_workflow.WINDOW[0] and bottom * view["scale"] <= ui_workflow.WINDOW[1]
+    assert scale >= 0.8 and (left, top) == (0, 0)
+    assert right * scale <= ui_workflow.WINDOW[0] and bottom * scale <= ui_workflow.WINDOW[1]
     assert view["offset"][0] + ui_workflow.WINDOW[0] <= 1600 and view["offset"][1] + ui_workflow.WINDOW[1] <= 1000
     boxes = [(n["pos"][0], n["pos"][1] - TITLE, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
              for n in workflow["nodes"]]
     for i, a in enumerate(boxes):
+        assert a[2] * scale <= ui_workflow.MINIMAP[0] or a[3] * scale <= ui_workflow.MINIMAP[1], a
         for b in boxes[i + 1:]:
             assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
+    for node in workflow["nodes"]:
+        least = ui_workflow.MIN_SIZE[node["type"]]
+        assert node["size"][0] >= least[0] and node["size"][1] >= least[1], (node["type"], node["size"], least)
     notes = [n["widgets_values"][0] for n in workflow["nodes"] if n["type"] == "Note"]
     assert notes and all(len(text) <= 320 for text in notes)
 

@@ -20,12 +20,22 @@ from diffusiongemma.runner.execute import CLASSES  # noqa: E402
 from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 
 # Each template: its API graph (example_workflows/api/), where each node sits (x, y, width, height)
-# and short notes. Sizes are at least what ComfyUI's frontend gives each node, so the layout holds;
-# the whole graph fits in WINDOW at scale 1, so a template opens readable without zooming.
-WINDOW = (1480, 600)  # canvas units visible in a 1600x1000 window beside the menus and minimap
+# and short notes. Measured in ComfyUI 0.8 (frontend 1.35.9, classic renderer) in a 1600x1000 window:
+# the canvas that the page's panels leave free, in screen px from the view's offset, is WINDOW, less
+# the lower right corner from MINIMAP on, which the minimap covers. A template fits there at its saved
+# scale (>= 0.8), so it opens readable without zooming.
+WINDOW = (1480, 780)
+MINIMAP = (1250, 600)
 VIEW = {"scale": 1.0, "offset": [80, 130]}  # where it opens: below the Run bar, right of the sidebar
-T = {"DGemmaLoader": (340, 200), "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 600),
-     "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (440, 720)}
+# The smallest size the frontend gives each node, measured there: on load it enlarges smaller nodes to
+# this, and a sampler grows by the progress line under it once it runs (included here). Video Combine
+# grows by its GIF preview after a run, so a template leaves room below it.
+MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaSampler": (224, 586), "DGemmaDenoise": (287, 606),
+            "DGemmaEncode": (283, 128), "DGemmaTrace": (210, 126), "DGemmaSamplerAdvanced": (289, 832),
+            "PreviewAny": (210, 112), "PreviewImage": (140, 26), "EmptyImage": (210, 130),
+            "VHS_VideoCombine": (210, 238), "Note": (210, 88)}
+T = {"DGemmaLoader": (340, 200), "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 610),
+     "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (420, 832)}
 
 TEMPLATES = {
     "diffusiongemma_start_here": {
@@ -89,10 +99,10 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_chain": {
         "source": "advanced_chain",
-        "view": {"scale": 0.8, "offset": [80, 130]},
+        "view": {"scale": 0.9, "offset": [80, 130]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
-                  "3": (820, 0, *T["DGemmaSamplerAdvanced"]), "4": (1280, 0, 320, 130),
-                  "5": (1280, 170, 360, 520)},
+                  "3": (800, 0, *T["DGemmaSamplerAdvanced"]), "4": (1240, 0, 340, 130),
+                  "5": (1240, 170, 340, 238)},
         "notes": [
             ((0, 240, 340, 220), "Two Advanced samplers, one run: the first runs steps [0, 6) and pauses; its "
              "canvas_state carries the unfinished canvas, so the second continues at step 6 from that canvas, "
@@ -101,26 +111,29 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_infill": {
         "source": "advanced_infill",
-        "view": {"scale": 0.8, "offset": [80, 130]},
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
-                  "3": (820, 0, 320, 130), "4": (820, 170, *T["DGemmaTrace"]), "5": (820, 350, 320, 220)},
+        "view": {"scale": 0.9, "offset": [80, 130]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 832),
+                  "3": (820, 0, 340, 130), "4": (820, 170, 340, 140), "5": (820, 350, 340, 220)},
         "notes": [
             ((0, 240, 340, 220), "Pins hold text in place (blue in every view). ___{1} is one free position, "
              "___ three or more; a line '12: text' pins text at a position. The model fills the blanks and "
              "still answers seven."),
         ],
     },
+    # Three samplers in a row; their GIFs in a column left of the minimap (the only column that reaches
+    # below it), their answers in the column above it. At 0.8 nothing else fits beside three samplers.
     "diffusiongemma_advanced_schedulers": {
         "source": "advanced_schedulers",
         "view": {"scale": 0.8, "offset": [80, 130]},
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
-                  "3": (820, 0, *T["DGemmaSamplerAdvanced"]), "4": (1280, 0, *T["DGemmaSamplerAdvanced"]),
-                  "5": (360, 740, 440, 100), "6": (820, 740, 440, 100), "7": (1280, 740, 440, 100),
-                  "8": (1740, 0, 300, 240), "9": (1740, 280, 300, 240), "10": (1740, 560, 300, 240)},
+        "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 320, 832), "3": (660, 0, 320, 832),
+                  "4": (1000, 0, 320, 832), "8": (1340, 0, 220, 238), "9": (1340, 310, 220, 238),
+                  "10": (1340, 620, 220, 238), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),
+                  "7": (1580, 320, 270, 112)},
         "notes": [
-            ((0, 240, 340, 220), "One prompt, three diffusers schedulers: entropy_bound (the default), "
+            ((0, 240, 300, 300), "One prompt, three diffusers schedulers: entropy_bound (the default), "
              "block_refinement (commits the surest share each step) and discrete_ddim (ancestral DDIM with a "
-             "corrector sweep). Each matches diffusers' pipeline token for token."),
+             "corrector sweep). Each matches diffusers' pipeline token for token. The GIFs on the right show "
+             "how each one anneals."),
         ],
     },
 }
