@@ -81,8 +81,10 @@ class StepStream:
                 f"T {frame.temperature:.3f} · {frame.committed_fraction:.0%} committed\n{text}")
 
     def done_text(self, steps_used: int, text: str, paused: bool = False) -> str:
+        if paused:  # the canvas is unfinished: its text is still mostly noise
+            return f"paused after {steps_used} steps · canvas_state resumes it in an Advanced sampler"
         answer = text if len(text) <= MAX_PROGRESS_TEXT else text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return f"{'paused' if paused else 'done'} · {steps_used} steps\n{answer}"
+        return f"done · {steps_used} steps\n{answer}"
 
     def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
         """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""

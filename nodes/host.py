@@ -63,8 +63,10 @@ class ProgressText:
     """A short text shown on the node by ComfyUI itself (send_progress_text), which every renderer
     draws, at most once per `every` seconds so a fast model does not flood the websocket."""
 
-    def __init__(self, node_id, every: float = 0.25):
-        self.node_id, self.every, self.last = node_id, every, float("-inf")
+    every = 0.25  # seconds
+
+    def __init__(self, node_id):
+        self.node_id, self.last = node_id, float("-inf")
 
     def show(self, text: str, force: bool = False) -> None:
         instance = _server()

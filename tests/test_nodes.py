@@ -106,6 +106,21 @@ def test_events_progress_and_payload_size(tmp_path, tiny_model):
     assert [v for v, _ in comfy.progress] == [1, 2, 3, 4, 5, 5] and comfy.progress[0][1] == 5
 
 
+def test_progress_text_under_the_node_each_step_then_the_answer(tmp_path, demo, monkeypatch):
+    monkeypatch.setattr(host.ProgressText, "every", 0.0)  # no rate limit: one text per step
+    advanced = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
+    with fakecomfy.installed(tmp_path) as comfy:
+        (text, state, *_), _ = call(Sampler, model=demo, prompt="What is 3+4?", **KNOBS)
+        lines = [t for node, t in comfy.text if node == "17"]
+        assert len(lines) == state.steps_used + 1
+        assert lines[0].startswith("block 1 (of ≤1) · step 1 (of ≤48) · T ") and "committed\n" in lines[0]
+        assert lines[-1] == f"done · {state.steps_used} steps\n{text}" and text == "seven"
+        comfy.text.clear()
+        window = dict(KNOBS, scheduler="entropy_bound", pins="")
+        (_, paused, *_), _ = call(advanced, model=demo, prompt="What is 3+4?", start_step=0, end_step=4, **window)
+        assert paused.paused and comfy.text[-1][1].startswith("paused after 4 steps")
+
+
 def test_interrupt_stops_within_a_step_and_the_rerun_is_whole(tmp_path, demo):
     knobs = {**KNOBS, "confidence": 0.0, "num_inference_steps": 10}
     full, _ = call(Sampler, model=demo, prompt="What is 2+2?", **knobs)
