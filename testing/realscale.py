@@ -35,13 +35,19 @@ def layer_types(layers: int) -> list[str]:
     return types
 
 
-def real_config(layers: int = REAL_LAYERS, vision_layers: int = 27, experts: int = 128, vocab: int | None = None):
-    """A DiffusionGemmaConfig at the real geometry with `layers` text layers."""
+def real_config(layers: int = REAL_LAYERS, vision_layers: int = 27, experts: int = 128, vocab: int | None = None,
+                text: dict | None = None, vision: dict | None = None):
+    """A DiffusionGemmaConfig at the real geometry with `layers` text layers.
+
+    `text` and `vision` replace fields of REAL_TEXT and REAL_VISION (narrower widths for a small twin).
+    """
     from transformers import DiffusionGemmaConfig
 
-    text = dict(REAL_TEXT, num_hidden_layers=layers, layer_types=layer_types(layers), num_experts=experts,
-                top_k_experts=min(8, experts), vocab_size=vocab or REAL_TEXT["vocab_size"])
-    return DiffusionGemmaConfig(text_config=text, vision_config=dict(REAL_VISION, num_hidden_layers=vision_layers),
+    widths = dict(REAL_TEXT, **(text or {}))
+    text = dict(widths, num_hidden_layers=layers, layer_types=layer_types(layers), num_experts=experts,
+                top_k_experts=min(8, experts), vocab_size=vocab or widths["vocab_size"])
+    vision = dict(REAL_VISION, **(vision or {}), num_hidden_layers=vision_layers)
+    return DiffusionGemmaConfig(text_config=text, vision_config=vision,
                                 canvas_length=256, boi_token_id=255_999, image_token_id=258_880,
                                 eoi_token_id=258_882, tie_word_embeddings=True)
 

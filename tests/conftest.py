@@ -22,13 +22,17 @@ from diffusiongemma.dgemma import load_model  # noqa: E402
 from diffusiongemma.testing import tiny  # noqa: E402
 
 
+def cache_base() -> Path:
+    """Where test checkpoints are cached, each under a key of its builder's sources and versions."""
+    return Path(os.environ.get("DGEMMA_TEST_CACHE", Path.home() / ".cache" / "dgemma-tests"))
+
+
 def _cache_root() -> Path:
     import transformers
 
     sources = b"".join((REPO / "testing" / f).read_bytes() for f in ("tiny.py", "tiny_tokenizer.py"))
     key = hashlib.sha256(sources + transformers.__version__.encode()).hexdigest()[:12]
-    base = Path(os.environ.get("DGEMMA_TEST_CACHE", Path.home() / ".cache" / "dgemma-tests"))
-    return base / key
+    return cache_base() / key
 
 
 def checkpoint(preset: str) -> Path:
