@@ -2,12 +2,23 @@
 
 Builds the 30-layer DiffusionGemma (26 B parameters, bf16, about 52 GB) directly on the GPU with
 random weights, then times the engine's block loop on a 256-token canvas at 16 and 48 steps
-(confidence 0, so every step runs): seconds per step, tokens per second, peak VRAM. The fast path
-(the model forward under torch.compile) is reported only when its tokens are identical to the
-plain path's for the same seed.
+(confidence 0, so every step runs): seconds per step, tokens per second, peak VRAM.
+
+Fast path: a transformers StaticCache for the context (the encoder fills it; the decoder reads it
+read-only, copying the canvas keys into a fixed-size buffer, so every step and block has the same
+shapes) and the model's decoder forward under torch.compile. Each variant (static cache alone, then
+static + compiled) counts only when its tokens are identical to the plain path's for the same seed:
+the longer, zero-padded attention rows round differently in bf16 (logits within ~0.005 of the
+plain path's on the tiny model). It stays a benchmark path, not the engine's: once the context
+reaches the sliding window (1,024 tokens in the real model) transformers' static sliding-window
+layers keep other context than the dynamic ones (`sliding_window` tokens, not `sliding_window - 1`,
+and the canvas copied at a position that stops advancing), and the decoder's logits diverge (on the
+tiny model, window 512: off by 0.1 at 512 context tokens, 0.7 at 700). It also needs the whole
+length up front. The benchmark's context (64 prompt tokens, one block) stays inside the window.
 
     python benchmarks/gpu.py                 # needs a GPU with ~60 GB free
-    python benchmarks/gpu.py --dry-run       # the same code on the CPU at a small slice (CI)
+    python benchmarks/gpu.py --dry-run       # the same code on the CPU at a tiny slice (CI), compile
+                                             # with the "eager" backend (traced, no code generation)
 
 Last line: gpu_s_per_step=<48 steps> gpu_s_per_step_fast16=<16 steps, fast path or plain>
 tok_per_s_16=<> tok_per_s_48=<> peak_vram_gib=<>
@@ -54,12 +65,19 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run(model, steps: int, device: str) -> tuple[list[int], float, int]:
+def static_cache(model, length: int):
+    """A StaticCache for `length` context tokens: fixed shapes for every step and block."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=length)
+
+
+def run(model, steps: int, device: str, static: bool = False) -> tuple[list[int], float, int]:
     """(committed ids, seconds per step, steps executed) for one block after a fixed random prompt."""
     knobs = Knobs(seed=1, num_inference_steps=steps, gen_length=model.config.canvas_length, confidence=0.0)
     vocab = model.config.get_text_config(decoder=True).vocab_size
     prompt = torch.randint(3, min(1000, vocab), (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0)).tolist()
-    cache = new_cache(model)
+    cache = static_cache(model, PROMPT_TOKENS + model.config.canvas_length) if static else new_cache(model)
     encode_ids(model, cache, prompt)
     recorder = Recorder(knobs, model.config.canvas_length)
     sync(device)
@@ -70,8 +88,8 @@ def run(model, steps: int, device: str) -> tuple[list[int], float, int]:
     return ids[0].tolist(), seconds / len(recorder), len(recorder)
 
 
-def fast_path(model, backend: str):
-    """The model's forward compiled; undone by `plain_path`."""
+def compile_decoder(model, backend: str):
+    """The model's forward (in the loop: decoder, head and softcap) compiled; undone by `plain_path`."""
     model._plain_forward = model.forward
     model.forward = torch.compile(model.forward, dynamic=False, backend=backend)
 
@@ -80,11 +98,31 @@ def plain_path(model):
     model.forward = model._plain_forward
 
 
+def variants(model, device: str, backend: str, step_counts, plain: dict) -> dict:
+    """{steps: s/step} of the fastest variant whose tokens equal the plain path's."""
+    best = {}
+    for name, compiled in (("static", False), ("static+compiled", True)):
+        if compiled:
+            compile_decoder(model, backend)
+        try:
+            for steps in step_counts:
+                run(model, steps, device, static=True)  # compile + warm-up
+                ids, per_step, _ = run(model, steps, device, static=True)
+                same = ids == plain[steps][0]
+                print(f"{name} {steps} steps: {per_step:.4f} s/step, tokens identical to plain: {same}", flush=True)
+                if same:
+                    best[steps] = min(best.get(steps, per_step), per_step)
+        finally:
+            if compiled:
+                plain_path(model)
+    return best
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, the tiny test geometry, the fast path traced without code generation")
-    parser.add_argument("--no-fast", action="store_true", help="skip the compiled path")
+    parser.add_argument("--no-fast", action="store_true", help="skip the static-cache and compiled paths")
     args = parser.parse_args(argv)
     if args.dry_run:
         from diffusiongemma.testing.tiny import build_model
@@ -106,20 +144,10 @@ def main(argv=None) -> None:
         results[steps] = (ids, per_step)
         print(f"plain {steps} steps: {per_step:.4f} s/step, {done} steps, "
               f"{config.canvas_length / (per_step * done):.1f} tok/s", flush=True)
-    fast = {}
-    if not args.no_fast:
-        fast_path(model, backend)
-        for steps in step_counts:
-            run(model, steps, device)  # compile + warm-up
-            ids, per_step, _ = run(model, steps, device)
-            same = ids == results[steps][0]
-            print(f"fast {steps} steps: {per_step:.4f} s/step, tokens identical to plain: {same}", flush=True)
-            if same:
-                fast[steps] = per_step
-        plain_path(model)
+    fast = {} if args.no_fast else variants(model, device, backend, step_counts, results)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
     few, many = step_counts
-    best_few = fast.get(few, results[few][1])
+    best_few = min(fast.get(few, results[few][1]), results[few][1])
     tok = {s: config.canvas_length / (min(fast.get(s, r[1]), r[1]) * s) for s, r in results.items()}
     print(f"gpu_s_per_step={results[many][1]:.4f} gpu_s_per_step_fast{few}={best_few:.4f} "
           f"tok_per_s_{few}={tok[few]:.1f} tok_per_s_{many}={tok[many]:.1f} peak_vram_gib={peak:.1f} "

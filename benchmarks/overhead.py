@@ -1,9 +1,10 @@
 """Engine with full capture vs diffusers' bare DiffusionGemmaPipeline, side by side.
 
-Both run the same checkpoint, seed and knobs, alternating, several repeats, on the tiny random
-model (48 steps) and on the real-vocabulary model (262,144 tokens; fewer steps, its sampling
-costs seconds per step on a CPU), then one line per scheduler (the Advanced sampler's path against
-the pipeline driven by the same scheduler, tiny model). Needs a transformers where the pipeline
+Both run the same checkpoint, seed and knobs on the tiny random model (48 steps) and on the
+real-vocabulary model (262,144 tokens; fewer steps, its sampling costs seconds per step on a CPU),
+then one line per scheduler (the Advanced sampler's path against the pipeline driven by the same
+scheduler, tiny model). Timing as in timing.py: CPU seconds per run, contenders alternating,
+median and interquartile range of the paired ratios. Needs a transformers where the pipeline
 works (< 5.24).
 
     python benchmarks/overhead.py
@@ -11,15 +12,17 @@ works (< 5.24).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from timing import median_iqr, paired_ratios  # noqa: E402
+
 from headless import load_pack  # noqa: E402
 
 load_pack()
@@ -40,51 +43,34 @@ def diffusers_scheduler(knobs: Knobs, scheduling: Scheduling, canvas_length: int
     return getattr(diffusers, scheduling.diffusers_name)(**config)
 
 
-def pipeline_seconds(dm, knobs: Knobs, scheduling: Scheduling = Scheduling()) -> float:
+def run_pipeline(dm, knobs: Knobs, scheduling: Scheduling = Scheduling()) -> None:
     from diffusers import DiffusionGemmaPipeline
 
     scheduler = diffusers_scheduler(knobs, scheduling, dm.canvas_length)
     pipe = DiffusionGemmaPipeline(model=dm.model, scheduler=scheduler, processor=dm.processor)
     pipe.set_progress_bar_config(disable=True)
-    start = time.perf_counter()
     pipe(prompt=PROMPT, gen_length=knobs.gen_length, num_inference_steps=knobs.num_inference_steps,
          confidence_threshold=knobs.confidence or None, generator=torch.Generator().manual_seed(knobs.seed),
          temperature=scheduling.temperature, output_type="seq")
-    return time.perf_counter() - start
 
 
-def engine_seconds(dm, knobs: Knobs, advanced: Advanced | None = None) -> tuple[float, int]:
-    start = time.perf_counter()
-    result = generate(dm, PROMPT, knobs, advanced=advanced)
-    return time.perf_counter() - start, result.trace.nbytes // len(result.trace)
-
-
-def scheduler_lines(dm, knobs: Knobs, repeats: int = 3) -> None:
+def scheduler_lines(dm, knobs: Knobs, repeats: int = 5) -> None:
     """One line per scheduler: the Advanced path against the pipeline driven by that scheduler."""
     for scheduling in (Scheduling(), Scheduling("block_refinement"), Scheduling("discrete_ddim", corrector_steps=1)):
         adv = Advanced(scheduling)
-        engine_seconds(dm, knobs, adv), pipeline_seconds(dm, knobs, scheduling)  # warm-up
-        ratios = []
-        for _ in range(repeats):
-            ours = engine_seconds(dm, knobs, adv)[0]
-            ratios.append(ours / pipeline_seconds(dm, knobs, scheduling))
-        print(f"scheduler {scheduling.name}: median ratio {statistics.median(ratios):.3f} "
-              f"(tiny, {knobs.num_inference_steps} steps, {repeats} repeats)", flush=True)
+        ratios = paired_ratios(lambda a=adv: generate(dm, PROMPT, knobs, advanced=a),
+                               lambda s=scheduling: run_pipeline(dm, knobs, s), repeats)
+        med, iqr = median_iqr(ratios)
+        print(f"scheduler {scheduling.name}: median ratio {med:.3f} IQR {iqr:.3f} "
+              f"(tiny, {knobs.num_inference_steps} steps, {repeats} pairs, CPU s)", flush=True)
 
 
 def compare(name: str, dm, knobs: Knobs, repeats: int) -> tuple[list[float], int]:
-    engine_seconds(dm, knobs), pipeline_seconds(dm, knobs)  # warm-up
-    ratios, per_step = [], 0
-    for i in range(repeats):
-        if i % 2:
-            base = pipeline_seconds(dm, knobs)
-            ours, per_step = engine_seconds(dm, knobs)
-        else:
-            ours, per_step = engine_seconds(dm, knobs)
-            base = pipeline_seconds(dm, knobs)
-        ratios.append(ours / base)
-        print(f"{name}: engine {ours:.3f}s pipeline {base:.3f}s ratio {ours / base:.3f}", flush=True)
-    print(f"{name}: median ratio {statistics.median(ratios):.3f}, trace {per_step} bytes/step "
+    result = generate(dm, PROMPT, knobs)
+    per_step = result.trace.nbytes // len(result.trace)
+    ratios = paired_ratios(lambda: generate(dm, PROMPT, knobs), lambda: run_pipeline(dm, knobs), repeats, name)
+    med, iqr = median_iqr(ratios)
+    print(f"{name}: median ratio {med:.3f} IQR {iqr:.3f}, trace {per_step} bytes/step "
           f"(canvas {dm.canvas_length}, vocab {dm.vocab_size})", flush=True)
     return ratios, per_step
 
@@ -102,7 +88,8 @@ def main() -> None:
             sizes.append(size)
             if name == "tiny":
                 scheduler_lines(dm, knobs)
-    print(f"overhead_ratio={statistics.median(ratios):.3f} bytes_per_step={max(sizes)}")
+    med, iqr = median_iqr(ratios)
+    print(f"overhead_ratio={med:.3f} overhead_iqr={iqr:.3f} bytes_per_step={max(sizes)}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 - slice_overhead_ratio: engine with full capture vs diffusers' bare pipeline on the bf16 slice
   (2 real-size text layers, vocabulary 262,144), same seed and knobs, at confidence 0.005 and 0;
   CPU seconds per run, alternating, median (and IQR) of the paired ratios. Token parity is
-  checked on the same runs.
+  checked on the same runs. Per confidence, the loop's per-step breakdown in CPU seconds (model
+  forward, scheduler, stop, capture) and capture as a share of the bare pipeline's step.
 - preflight_error: |what preflight budgets - measured resident growth of the load| / measured,
   the worse of bf16 and AutoRound INT4 (each load in a fresh process; peak growth).
 - trace_bytes_per_step: the captured trace per executed step at the real canvas and vocabulary.
@@ -119,21 +120,21 @@ def run_pipeline(dm, knobs: Knobs) -> list[int]:
 
 
 def step_breakdown(dm, knobs: Knobs) -> dict:
-    """CPU seconds per step of the engine's parts: model forward, scheduler step, capture."""
-    from diffusers import EntropyBoundScheduler
+    """CPU seconds per step of the loop's parts: model forward, scheduler step, stop, capture.
 
+    The same calls as `denoise_blocks`; capture is the step's entropy beyond the scheduler's own
+    (`step_entropy`) plus the recorder. The stop is the pipeline's too when `confidence` > 0.
+    """
     from diffusiongemma.dgemma.cache import encode_ids, new_cache
-    from diffusiongemma.dgemma.loop import AdaptiveStop, BlockDecoder
-    from diffusiongemma.dgemma.schedstep import step_with_entropy
+    from diffusiongemma.dgemma.loop import AdaptiveStop, BlockDecoder, step_entropy
+    from diffusiongemma.dgemma.schedulers import Scheduling, Stepper
     from diffusiongemma.dgemma.trace import Recorder
 
     cache = new_cache(dm.model)
     encode_ids(dm.model, cache, dm.tokenizer(PROMPT)["input_ids"])
-    sched = EntropyBoundScheduler(entropy_bound=knobs.entropy_bound, t_max=knobs.t_max, t_min=knobs.t_min,
-                                  num_inference_steps=knobs.num_inference_steps)
-    sched.set_timesteps(knobs.num_inference_steps)
     gen = torch.Generator().manual_seed(knobs.seed)
     blocks, rec = BlockDecoder(dm.model, cache), Recorder(knobs, dm.canvas_length)
+    stepper = rec.clock = Stepper(Scheduling(), knobs, blocks.L, blocks.device)
     canvas = blocks.start_block(gen)
     stop, self_cond = AdaptiveStop(knobs.confidence, canvas, blocks.device), None
     parts = {"forward": 0.0, "scheduler": 0.0, "stop": 0.0, "capture": 0.0}
@@ -142,29 +143,44 @@ def step_breakdown(dm, knobs: Knobs) -> dict:
             t0 = time.process_time()
             logits = blocks.logits(canvas, self_cond)
             t1 = time.process_time()
-            out, entropy = step_with_entropy(sched, logits, step, canvas, gen)
+            canvas, accepted, self_cond, entropy = stepper.step(logits, step, canvas, gen, blocks.logits)
             t2 = time.process_time()
-            canvas, committed, _ = stop.apply(out.prev_sample, out.pred_logits)
+            entropy = step_entropy(self_cond, entropy, stop.confidence)
             t3 = time.process_time()
-            rec.add(0, step, canvas, out.accepted_index, committed, entropy)
+            canvas, committed, _ = stop.apply(canvas, self_cond, entropy)
             t4 = time.process_time()
-            self_cond = out.pred_logits
-            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            rec.add(0, step, canvas, accepted, committed, entropy)
+            t5 = time.process_time()
+            for k, v in zip(parts, (t1 - t0, t2 - t1, t4 - t3, (t3 - t2) + (t5 - t4))):
                 parts[k] += v / knobs.num_inference_steps
     return parts
+
+
+def reference_entropy_seconds(dm, knobs: Knobs) -> float:
+    """CPU seconds of one full-vocabulary float entropy of a canvas: what capture used to add per step."""
+    logits = torch.randn(1, dm.canvas_length, dm.vocab_size, generator=torch.Generator().manual_seed(knobs.seed))
+    torch.distributions.Categorical(logits=logits).entropy()  # warm-up
+    start = time.process_time()
+    for _ in range(3):
+        torch.distributions.Categorical(logits=logits).entropy()
+    return (time.process_time() - start) / 3
 
 
 def overhead(repeats: int, steps: int) -> tuple[float, int]:
     dm = load_model(str(realslice.slice_dir()), device="cpu")
     all_ratios, per_step = [], 0
+    entropy_cost = reference_entropy_seconds(dm, Knobs(seed=3))
     for confidence in (0.005, 0.0):
         knobs = Knobs(seed=3, num_inference_steps=steps, gen_length=256, confidence=confidence)
         result = generate(dm, PROMPT, knobs)
         per_step = max(per_step, result.trace.nbytes // len(result.trace))
         parity = list(result.state.raw_ids) == run_pipeline(dm, knobs)
         parts = step_breakdown(dm, knobs)
+        bare = parts["forward"] + parts["scheduler"] + (parts["stop"] if confidence > 0 else 0.0)
         print(f"confidence {confidence}: tokens identical to the pipeline: {parity}; per step (CPU s) "
-              + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()), flush=True)
+              + ", ".join(f"{k} {v:.4f}" for k, v in parts.items())
+              + f"; capture {parts['capture'] / bare:.2%} of the bare step (one vocabulary entropy would be "
+              f"{entropy_cost / bare:.2%})", flush=True)
         ratios = paired_ratios(lambda k=knobs: generate(dm, PROMPT, k), lambda k=knobs: run_pipeline(dm, k),
                                repeats, f"slice confidence {confidence}", warmup=False)
         med, iqr = median_iqr(ratios)

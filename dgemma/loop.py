@@ -86,6 +86,19 @@ class Plan:
     paused: dict | None = None
 
 
+def step_entropy(logits, scheduler_entropy, confidence: float):
+    """The per-position entropy of a step, for the adaptive stop and the trace.
+
+    The scheduler's own when it has one, so capture adds no vocabulary-size work. The stop uses
+    the pipeline's measure, the float entropy of the scaled logits: for float32 logits (what the
+    model returns) that is the scheduler's very value; for lower precision it is computed again,
+    as a bf16 entropy could tip the stop.
+    """
+    if scheduler_entropy is None or (confidence > 0 and logits.dtype != torch.float32):
+        return torch.distributions.Categorical(logits=logits.float()).entropy()
+    return scheduler_entropy
+
+
 def _pin(canvas, pins):
     return canvas if pins is None else torch.where(pins[0], pins[1], canvas)
 
@@ -162,9 +175,9 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
                 return torch.cat([*done, canvas], dim=-1)
             if should_cancel is not None and should_cancel():
                 raise Cancelled(len(recorder))
-            canvas, accepted, self_cond = stepper.step(blocks.logits(canvas, self_cond).to(blocks.device), step,
-                                                       canvas, generator, blocks.logits)
-            entropy = torch.distributions.Categorical(logits=self_cond.float()).entropy()
+            canvas, accepted, self_cond, entropy = stepper.step(blocks.logits(canvas, self_cond).to(blocks.device),
+                                                                step, canvas, generator, blocks.logits)
+            entropy = step_entropy(self_cond, entropy, stop.confidence)
             canvas, committed, stopped = stop.apply(canvas, self_cond, entropy)
             canvas = _pin(canvas, pins)
             frame = recorder.add(block, step, canvas, accepted, committed, entropy,

@@ -3,7 +3,8 @@
 `Scheduling` is the choice and its own knobs (one table, `SCHEDULER_KNOBS`); `Stepper` runs one
 step of a block and reports the scheduler's real committed mask: EntropyBound's accepted mask,
 BlockRefinement's committed set, and for DiscreteDDIM (which commits nothing) the positions that
-hold its predicted clean token after the step.
+hold its predicted clean token after the step. EntropyBound also reports the per-position entropy
+it accepted by, so the capture need not compute it again over the vocabulary.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import InputError
 from .knobs import Knobs, KnobSpec, check_knob
+from .schedstep import step_with_entropy
 
 SCHEDULERS = ("entropy_bound", "block_refinement", "discrete_ddim")
 DIFFUSERS_NAMES = {"entropy_bound": "EntropyBoundScheduler", "block_refinement": "BlockRefinementScheduler",
@@ -111,25 +113,26 @@ class Stepper:
         return (self.steps - step) / self.steps
 
     def step(self, logits, step: int, canvas, generator, forward):
-        """(canvas, committed mask, logits for self-conditioning) after predictor step `step`.
+        """(canvas, committed mask, logits for self-conditioning, float entropy or None) after step `step`.
 
+        The entropy (B, L) is EntropyBound's own, of those logits; the other schedulers give None.
         `forward(canvas, self_cond)` gives fresh logits, for DiscreteDDIM's corrector sweeps.
         """
         name = self.s.name
         if name == "entropy_bound":
-            out = self.impl.step(logits, step, canvas, generator=generator)
-            return out.prev_sample, out.accepted_index, out.pred_logits
+            out, entropy = step_with_entropy(self.impl, logits, step, canvas, generator)
+            return out.prev_sample, out.accepted_index, out.pred_logits, entropy.float()
         if name == "block_refinement":
             out = self.impl.step(logits, step, canvas, mask_token_id=None, temperature=self.s.temperature,
                                  generator=generator)
-            return out.prev_sample, self.impl._committed.clone(), out.pred_logits
+            return out.prev_sample, self.impl._committed.clone(), out.pred_logits, None
         out = self.impl.step(logits, step, canvas, temperature=self.s.temperature, generator=generator)
         canvas = out.prev_sample
         if step < self.corrected:
             for _ in range(self.s.corrector_steps):
                 canvas = self.impl.step_correct(forward(canvas, out.pred_logits), step, canvas,
                                                 generator=generator).prev_sample
-        return canvas, canvas == out.sampled_tokens, out.pred_logits
+        return canvas, canvas == out.sampled_tokens, out.pred_logits, None
 
     def state(self):
         """What the scheduler carries between steps of a block (BlockRefinement's committed set)."""
