@@ -182,7 +182,7 @@ def overhead(repeats: int, steps: int) -> tuple[float, int]:
               + f"; capture {parts['capture'] / bare:.2%} of the bare step (one vocabulary entropy would be "
               f"{entropy_cost / bare:.2%})", flush=True)
         ratios = paired_ratios(lambda k=knobs: generate(dm, PROMPT, k), lambda k=knobs: run_pipeline(dm, k),
-                               repeats, f"slice confidence {confidence}", warmup=False)
+                               repeats, f"slice confidence {confidence}")
         med, iqr = median_iqr(ratios)
         print(f"slice confidence {confidence}: median ratio {med:.4f} IQR {iqr:.4f}", flush=True)
         all_ratios += ratios
