@@ -10,7 +10,7 @@
 - trace_bytes_per_step: the captured trace per executed step at the real canvas and vocabulary.
 - prep_seconds: CPU seconds of everything before weights at the full 30-layer AutoRound geometry.
 
-    python benchmarks/real_geometry.py [--repeats 7] [--steps 3]
+    python benchmarks/real_geometry.py [--repeats 7] [--steps 3] [--threads 2]
 
 Builds (once, ~/.cache/dgemma-real-slice) a 4.9 GB slice and its INT4 twin; needs a
 transformers where the pipeline works (< 5.24). A 1 % verdict needs a quiet machine.
@@ -194,9 +194,10 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parts", default="prep,memory,overhead", help="comma list of prep, memory, overhead")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--measure-load", nargs=2, metavar=("FOLDER", "QUANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.measure_load:
         print(json.dumps(measure_load(*args.measure_load)))
         return
