@@ -30,7 +30,7 @@ RAMP_NAMES = ("dark blue", "blue", "teal", "sea green", "green", "yellow")
 
 def check_inputs(mode, cell_px, trace=None, scale="fixed") -> None:
     if scale not in SCALES:
-        raise ValueError(f"scale must be 'fixed' or 'this run', got {scale!r}; pick one of those two")
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}; pick one of those")
     if trace is not None:
         require_type("canvas_trace", trace, CanvasTrace, "the trace of a run")
     if mode not in MODES:
