@@ -35,10 +35,7 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
     resume = engine.resumed(v["resume"]) if v["resume"] else None
     base = resume.recorded[2][-1] if resume is not None else {}
     if resume is not None:
-        for name in WITH_RESUME:
-            if raw.get(name):
-                raise InputError(name, f"{name} cannot be given with resume: a resumed run continues the paused "
-                                       f"run's own context and image; leave {name} out")
+        check_with_resume(resume, raw)
 
     def pick(name):
         return raw[name] if raw.get(name) is not None else base.get(name, v[name])
@@ -49,6 +46,23 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
     prompt = v["prompt"] if raw.get("prompt") is not None or resume is None else resume.prompt
     return Request(prompt, knobs, v["context"], v["context_handle"], picture, scheduling,
                    inputs.start_step(v["start_step"], resume), v["end_step"], pick("pins"), v["resume"])
+
+
+def check_with_resume(resume, raw: dict) -> None:
+    """A resumed run continues its own turn: refuse a different one, with this tool's fix."""
+    for name in WITH_RESUME:
+        if raw.get(name):
+            raise InputError(name, f"{name} cannot be given with resume: a resumed run continues the paused run's "
+                                   f"own context and image; leave {name} out")
+    if raw.get("prompt") is not None and raw["prompt"] != resume.prompt:
+        raise InputError("prompt", f"prompt {raw['prompt'][:60]!r} differs from the paused run's "
+                                   f"({resume.prompt[:60]!r}); a resumed run continues its own prompt: leave prompt "
+                                   "out, or give the same")
+    step = raw.get("start_step")
+    if resume.paused and isinstance(step, int) and step != resume.paused["step"]:
+        raise InputError("start_step", f"the paused run stopped at step {resume.paused['step']} of block "
+                                       f"{resume.paused['block'] + 1}, but start_step is {step}; leave start_step "
+                                       f"out (auto) or set it to {resume.paused['step']}")
 
 
 def progress_of(engine, req: Request) -> StepMessages:
