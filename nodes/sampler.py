@@ -20,7 +20,6 @@ from .schema import (
     knob_inputs,
     model_input,
     output_spec,
-    validate_knobs,
 )
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
@@ -94,10 +93,6 @@ class DGemmaSampler:
             "optional": {"image": image_input()},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, **inputs):
-        return validate_knobs(inputs)
 
     def sample(self, model, prompt, image=None, unique_id=None, **knobs):
         return run_node(unique_id, model, prompt, image=image, **knobs)

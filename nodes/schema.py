@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS, Knobs, check_knob
+from ..dgemma.knobs import KNOBS
 
 CATEGORY = "DiffusionGemma"
 MODEL = "DGEMMA_MODEL"
@@ -77,22 +77,6 @@ def comfy_hints():
 
 def model_input() -> tuple:
     return (MODEL, {"tooltip": "A loaded DiffusionGemma model (from DGemmaLoader)."})
-
-
-def validate_knobs(inputs: dict):
-    """VALIDATE_INPUTS for knob widgets: the engine's checks on the constants ComfyUI has before running.
-
-    ComfyUI's own range check lets NaN through; this refuses it, with the engine's message.
-    """
-    try:
-        given = {name: inputs[name] for name in KNOBS if name in inputs}
-        for name, value in given.items():
-            check_knob(name, value)
-        if len(given) == len(KNOBS):
-            Knobs(**given)
-    except InputError as err:
-        return str(err)
-    return True
 
 
 IMAGE_TOOLTIP = ("Optional picture(s) the model reads through its vision encoder, before the text of the turn; "
