@@ -23,12 +23,12 @@ from .schedulers import USES, Scheduling, budget
 WINDOW_KNOBS: dict[str, KnobSpec] = {
     "start_step": KnobSpec(
         int, 0, 0, 1024, 1,
-        "First step of the schedule this node runs (0-based, per block). A fresh canvas starts from noise at this "
-        "point; with canvas_state it must be the step where that run paused."),
+        "Step (0-based) at which this node enters the schedule of its first block; later blocks start at 0. A "
+        "fresh canvas starts from noise there; with canvas_state it must be the step where that run paused."),
     "end_step": KnobSpec(
         int, 1024, 1, 1024, 1,
-        "The node pauses when a block reaches this step (exclusive) and hands on a resumable canvas_state; at or "
-        "past num_inference_steps it runs to the end."),
+        "Step (exclusive) at which the node pauses, in whichever block reaches it first, and hands on a resumable "
+        "canvas_state; at or past num_inference_steps it runs to the end."),
 }
 RESUMED_FIXED = ("gen_length", "num_inference_steps", "thinking")  # they shape the run; the rest may change
 

@@ -61,3 +61,12 @@ def test_an_advanced_run_config_repeats_the_run(demo_model):
     header = records(resumed.trace, resumed.config, resumed.state, frame_texts(resumed.trace,
                                                                                 demo_model.token_strings))[0]
     assert header["advanced"]["resumed_from"]["run_id"] == paused.config.run_id
+
+
+def test_the_window_start_applies_to_the_first_block_and_later_blocks_start_at_zero(demo_model):
+    from diffusiongemma.dgemma.resume import WINDOW_KNOBS
+
+    trace = generate(demo_model, ASK, advanced=Advanced(start_step=5, pins="The answer is ___.")).trace
+    firsts = {int(b): int(trace.steps[trace.blocks == b][0]) for b in sorted(set(trace.blocks.tolist()))}
+    assert len(firsts) > 1 and firsts[0] == 5 and all(s == 0 for b, s in firsts.items() if b > 0)
+    assert "first block; later blocks start at 0" in WINDOW_KNOBS["start_step"].tooltip
