@@ -36,11 +36,12 @@ try {
     await window.app.extensionManager.command.execute("Comfy.NewBlankWorkflow");
     await new Promise((r) => setTimeout(r, 1500));
     const blank = store.activeWorkflow?.key;
-    await store.openWorkflow ? null : null;
-    await window.app.extensionManager.command.execute("Comfy.Workflow.PreviousOpenedWorkflow").catch(() => {});
-    await new Promise((r) => setTimeout(r, 2000));
-    return { first: first?.key, blank, back: store.activeWorkflow?.key };
+    return { first: first?.key, blank };
   });
+  await shot("2b-blank-tab.png");
+  await page.getByText("template", { exact: true }).first().click(); // the template's workflow tab
+  await page.waitForTimeout(2500);
+  wf.back = await page.evaluate(() => window.app.extensionManager.workflow.activeWorkflow?.key);
   await page.waitForTimeout(1500);
   await shot("3-after-tab-switch.png");
   const headerAfter = await page.evaluate(() => [...document.querySelectorAll(".dg-header")].map((h) => h.textContent));
