@@ -24,6 +24,12 @@ try {
   await page.evaluate(async (d) => { await window.app.loadGraphData(d, true, true, "template"); }, data);
   await page.waitForTimeout(2000);
   await shot("1-template-loaded.png");
+  await page.evaluate(() => { // a fresh seed: an identical prompt would come from ComfyUI's cache, with no run
+    for (const n of window.app.graph._nodes) {
+      const w = n.widgets?.find((x) => x.name === "seed");
+      if (w && String(n.comfyClass).startsWith("DGemma")) w.value = 1 + Math.floor(Math.random() * 1e6);
+    }
+  });
   await page.evaluate(() => window.app.queuePrompt(0, 1));
   await page.waitForFunction(() => [...document.querySelectorAll(".dg-header")].some((h) => /^done|^paused/.test(h.textContent)),
     null, { timeout: 400000 });
