@@ -41,9 +41,10 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
     FUNCTION = "sample_advanced"
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(ADVANCED_OUTPUTS)
     DESCRIPTION = ("The Sampler with a choice of scheduler, a window [start_step, end_step) of the schedule (like "
-                   "KSamplerAdvanced: it enters the first block at start_step, pauses at end_step), pins that hold text in place (infilling), and a canvas_state "
-                   "that the next Advanced sampler resumes exactly: two chained windows give the same tokens, "
-                   "frames and steps as one run. Knobs may change between windows; each frame records them.")
+                   "KSamplerAdvanced: it enters the first block at start_step, pauses at end_step), pins that "
+                   "hold text in place (infilling), and a canvas_state that the next Advanced sampler resumes "
+                   "exactly: two chained windows give the same tokens, frames and steps as one run. Knobs may "
+                   "change between windows; each frame records them.")
 
     @classmethod
     def INPUT_TYPES(cls):
