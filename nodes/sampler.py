@@ -13,6 +13,7 @@ from .events import DONE, START, STEP, StepStream
 from .schema import (
     CATEGORY,
     KV_CACHE,
+    RESUME_HINTS,
     SAMPLER_OUTPUTS,
     comfy_hints,
     context_input,
@@ -32,7 +33,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
     with comfy_hints():
         knobs = knobs_from(knobs)
         check_inputs(model, prompt, knobs, kv_cache, image)  # before the view resets: a refusal leaves it as it was
-        if advanced is not None:
+    if advanced is not None:
+        with comfy_hints(RESUME_HINTS if advanced.resume is not None else None):
             check_advanced(model, prompt, knobs, kv_cache, advanced)
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,

@@ -7,7 +7,16 @@ from ..dgemma.payloads import CanvasState
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
-from .schema import CANVAS_STATE, SAMPLER_OUTPUTS, comfy_hints, context_input, image_input, knob_inputs, output_spec
+from .schema import (
+    CANVAS_STATE,
+    RESUME_HINTS,
+    SAMPLER_OUTPUTS,
+    comfy_hints,
+    context_input,
+    image_input,
+    knob_inputs,
+    output_spec,
+)
 
 PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
                 "answer, each blank (___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; "
@@ -66,7 +75,8 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
     def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
                         canvas_state=None, image=None, unique_id=None, **knobs):
         own = {k: knobs.pop(k) for k in list(knobs) if k in SCHEDULER_KNOBS}
-        with comfy_hints():
+        with comfy_hints(RESUME_HINTS):
             resume = resume_of(canvas_state)
+        with comfy_hints():
             advanced = Advanced(Scheduling(scheduler, **own), start_step, end_step, pins, resume)
         return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, image=image, **knobs)

@@ -63,13 +63,22 @@ HINTS = {
 }
 
 
+# What to wire when resuming refuses: the fix is in the resuming Advanced sampler, not elsewhere.
+RESUME_HINTS = {
+    "prompt": "give this sampler the same prompt as the Advanced sampler whose canvas_state it resumes",
+    "context": "wire the same kv_cache (or none) into both Advanced samplers",
+    "canvas_state": "wire the canvas_state output of another DGemmaSamplerAdvanced",
+    "model": "wire the same DGemmaLoader into both Advanced samplers",
+}
+
+
 @contextmanager
-def comfy_hints():
-    """Add the ComfyUI wiring hint to an engine InputError raised inside the block."""
+def comfy_hints(hints: dict | None = None):
+    """Add the ComfyUI wiring hint (from `hints`, default HINTS) to an engine InputError raised inside."""
     try:
         yield
     except InputError as err:
-        hint = HINTS.get(err.name)
+        hint = (HINTS if hints is None else hints).get(err.name)
         if hint is None:
             raise
         raise InputError(err.name, f"{err} (in ComfyUI: {hint})") from None
