@@ -16,7 +16,7 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types import CallToolResult, Resource, ToolAnnotations
 
 from ..dgemma.loop import Cancelled
 from ..dgemma.runlog import pack_version
@@ -145,6 +145,13 @@ def add_runlogs(srv: MCPServer, engine: Engine) -> None:
             raise ResourceError(f"run {run_id!r} is not held: the server keeps the last runs only; write the log "
                                 "to a file with generate's runlog=true")
         return runlog_text(*engine.runs[run_id])
+
+    async def held_runlogs():  # resources/list names the logs held now, not only the template
+        return [Resource(uri=RUNLOG_URI.format(run_id=run_id), name=f"runlog {run_id}",
+                         mime_type="application/jsonl", description=f"dg-runlog/1 log of run {run_id}")
+                for run_id in list(engine.runs)]
+
+    srv.list_resources = held_runlogs
 
 
 def build_server(engine: Engine | None = None) -> MCPServer:

@@ -176,9 +176,11 @@ def test_the_gif_comes_back_as_image_content_and_the_run_log_as_a_resource(demo_
         result = await client.call_tool("generate", {**ASK, "gif": True, "output_dir": str(tmp_path)})
         link = next(b for b in result.content if b.type == "resource_link")
         log = await client.read_resource(link.uri)
-        return result, link, log
+        listed = (await client.list_resources()).resources
+        return result, link, log, listed
 
-    result, link, log = session(srv, go)
+    result, link, log, listed = session(srv, go)
+    assert [str(r.uri) for r in listed] == [str(link.uri)]
     out = result.structured_content
     image = next(b for b in result.content if b.type == "image")
     assert image.mime_type == "image/gif"
