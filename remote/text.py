@@ -27,7 +27,7 @@ from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteModel
 from .pack import CHAT, refused
 
-PIECE = re.compile(r"\s*\S+|\s+")
+PIECE = re.compile(r"<\|?[a-z_]+\|?>|\s?[^\s<]{1,7}|\s|<")  # markup whole; words in pieces the view shows whole
 VLLM_PER_REQUEST = {"num_inference_steps": "diffusion_max_steps"}  # the knobs vLLM takes per request (vllm_xargs)
 FIXED_AT_LAUNCH = ("t_min", "t_max", "entropy_bound", "confidence")  # generation_config.json on the server
 
