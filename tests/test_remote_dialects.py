@@ -25,6 +25,13 @@ KNOBS = dict(Knobs().asdict(), thinking=True)
 Loader, Sampler = NODE_CLASS_MAPPINGS["DGemmaRemoteLoader"], NODE_CLASS_MAPPINGS["DGemmaSampler"]
 
 
+def files(name: str):
+    """(stream, model list) of a fixture: `vllm`, or `vllm.recorded` saved by tools/gpu_vllm_check.py."""
+    base, _, kind = name.partition(".")
+    suffix = f".{kind}" if kind else ""
+    return FIXTURES / f"{base}_stream{suffix}.sse", FIXTURES / f"{base}_models{suffix}.json"
+
+
 @contextmanager
 def replaying(name: str):
     """An HTTP server answering /health, /v1/models and the chat stream from the fixtures; yields
@@ -35,7 +42,8 @@ def replaying(name: str):
         bodies.append(await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for event in (FIXTURES / f"{name}_stream.sse").read_text().split("\n\n"):
+        stream, _ = files(name)
+        for event in stream.read_text().split("\n\n"):
             if event:
                 await response.write(event.encode() + b"\n\n")
         return response
@@ -44,7 +52,7 @@ def replaying(name: str):
         app = web.Application()
         app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
         app.router.add_get("/v1/models", lambda r: web.json_response(
-            json.loads((FIXTURES / f"{name}_models.json").read_text())))
+            json.loads(files(name)[1].read_text())))
         app.router.add_post("/v1/chat/completions", chat)
         runner = web.AppRunner(app)
         await runner.setup()
@@ -111,3 +119,11 @@ def test_vllm_dialect_one_frame_per_canvas_knobs_in_vllm_xargs():
     assert "response_format" not in body and body["stream_options"] == {"include_usage": True}
     fixed = trace.scheduler_config["fixed_at_launch"]
     assert set(fixed) == {"t_min", "t_max", "entropy_bound", "confidence"}
+
+
+@pytest.mark.skipif(not files("vllm.recorded")[0].is_file(), reason="no real vLLM stream recorded yet (needs a GPU)")
+def test_a_recorded_vllm_stream_is_read():
+    with replaying("vllm.recorded") as (url, _):
+        (model, dialect), _ = call(Loader, url=url)
+        (text, state, trace, *_), steps = run_with_events(model)
+    assert dialect == "vllm" and text and len(steps) == len(trace) >= 1
