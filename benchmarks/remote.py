@@ -89,7 +89,10 @@ def main() -> None:
             same += identical(local, far)
             frames, steps = frames + len(seen), steps + len(far.trace)
             ratios.append(t_far / t_local)
+            print(f"seed {seed}: identical={identical(local, far)} local {t_local:.2f} s remote {t_far:.2f} s",
+                  file=sys.stderr, flush=True)
         cancels = [cancel_ms(model) for _ in range(5)]
+        print(f"cancel ms {cancels}", file=sys.stderr, flush=True)
         ok = concurrent(dm, model)
     print(f"20 seeds, demo model, loopback; per-run wall local median "
           f"{statistics.median(r for r in ratios):.3f}x; cancel ms {[round(c, 1) for c in cancels]}")

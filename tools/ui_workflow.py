@@ -60,14 +60,14 @@ TEMPLATES = {
     },
     "diffusiongemma_remote": {
         "source": "remote",
-        "nodes": {"1": (0, 0, *T["DGemmaRemoteLoader"]), "7": (0, 180, 340, 110),
+        "nodes": {"1": (0, 0, *T["DGemmaRemoteLoader"]), "7": (0, 180, 340, 120),
                   "2": (360, 0, *T["DGemmaSampler"]), "3": (820, 0, 320, 130), "4": (820, 170, 320, 210),
                   "5": (1160, 0, *T["DGemmaTrace"]), "6": (1160, 180, 320, 220)},
         "notes": [
-            ((0, 330, 340, 270), "1 · Remote Loader: the model runs on another machine. There, from the pack's "
-             "folder: python -m serve --model <checkpoint> (port 8190; with --host 0.0.0.0 it needs a token: "
-             "set DGEMMA_SERVE_TOKEN there and here, and type that variable's name in token_env). The dialect "
-             "box says what the server streams: pack = everything, as a local run."),
+            ((0, 340, 340, 260), "1 · Remote Loader: the model runs on another machine. There, in the pack's "
+             "folder: python -m serve --model <checkpoint> (port 8190). Another host needs a token: set it in an "
+             "env var on both sides and name that var in token_env. dialect says what the server streams: "
+             "pack = all of it, as a local run."),
             ((820, 420, 320, 180), "2 · The rest is the start-here graph, unchanged: the Sampler paints each "
              "step live as the server streams it; text, canvas_state, the trace and its heatmap are the same "
              "as a local run of the same checkpoint and seed."),
