@@ -165,8 +165,10 @@ async def stream(request, engine, job):
             await response.write(item)
             item = await queue.get()
         await response.write(ending(top, engine, run))
-    except (ConnectionError, asyncio.CancelledError):
-        cancel.event.set()  # the client went away: the run stops at its next step
+    except ConnectionError:
+        cancel.event.set()  # the client went away: the run stops at its next step; nobody reads an answer
+    except asyncio.CancelledError:
+        cancel.event.set()
         raise
     return response
 
