@@ -297,3 +297,24 @@ def test_a_server_that_dies_mid_run_is_a_clear_error():
             model.backend.run(model, "hi", knobs, on_frame=on_frame)
     with pytest.raises(RemoteError, match="cannot reach"):
         connect(url)
+
+
+def test_a_strict_openai_client_gets_the_defaults_and_the_shims_stream_shape(remote):
+    body = {"model": remote.model_id, "messages": [{"role": "user", "content": "What is 3+4?"}]}
+    status, text, _ = raw(remote.url, "POST", "/v1/chat/completions", json.dumps(body).encode())
+    answer = json.loads(text)
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "seven"
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["timings"]["diffusion_steps"] > 0
+    status, text, headers = raw(remote.url, "POST", "/v1/chat/completions",
+                                json.dumps({**body, "stream": True, "seed": 2}).encode())
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream") and events[-1] == "[DONE]"
+    frames = [c for c in chunks if c.get("type") == "diffusion_frame"]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"} and frames and chunks[1] is frames[0]
+    assert all({"block", "step", "total", "text", "dgemma"} <= set(f) for f in frames)
+    assert frames[0]["total"] == 48 and len(frames[0]["dgemma"]["ids"]) == remote.canvas_length
+    tail = chunks[len(frames) + 1:]
+    assert tail[0]["choices"][0]["delta"] == {"content": "seven"}
+    assert tail[1]["choices"] == [] and tail[1]["timings"]["diffusion_steps"] == len(frames)
+    assert tail[2]["choices"][0]["finish_reason"] == "stop"
