@@ -47,7 +47,6 @@ class Resume:
     paused: dict | None = None       # the loop's pause point; None when the run finished
     cache: object = None
     generator_state: torch.Tensor | None = None
-    run_id: str = ""                 # the run that paused (or finished) here
 
     @property
     def finished(self) -> bool:
@@ -140,7 +139,7 @@ class Advanced:
     def record(self) -> dict:
         """What a run config keeps to repeat this: scheduler and its knobs, window, pins, the run resumed."""
         r = self.resume
-        origin = None if r is None else {"run_id": r.run_id, "block": r.paused["block"] if r.paused else None,
+        origin = None if r is None else {"block": r.paused["block"] if r.paused else None,
                                          "step": r.paused["step"] if r.paused else None}
         return {**asdict(self.scheduling), "scheduler": self.scheduling.name, "start_step": self.start_step,
                 "end_step": self.end_step, "pins": self.pins, "resumed_from": origin}

@@ -113,7 +113,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
         paused = plan.paused if plan is not None and cache is not None else None
         keep = Resume(model, prompt, context, knobs, advanced.scheduling.name, recorder.snapshot(), sequence,
                       paused, cache if paused else None,
-                      generator.get_state() if paused else None, run_id=run_id)
+                      generator.get_state() if paused else None)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
     image_record = images.record if images is not None else None
     config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
