@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 
 from .errors import InputError
 
@@ -54,9 +56,51 @@ def check_text(name: str, text) -> str:
     return text
 
 
+# Per tokenizer: private Rust tokenizers whose special-token switch is set once and never again.
+_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BACKENDS_LOCK = threading.Lock()
+
+
+def _backend(tokenizer, split_special: bool):
+    """A private copy of a fast tokenizer's Rust tokenizer with `encode_special_tokens` fixed.
+
+    transformers applies split_special_tokens by flipping a flag on the one shared Rust tokenizer,
+    which races between threads; these copies are never flipped. None for a Python tokenizer,
+    whose split_special_tokens is a per-call argument already.
+    """
+    shared = getattr(tokenizer, "backend_tokenizer", None)
+    if shared is None:
+        return None
+    with _BACKENDS_LOCK:
+        pair = _BACKENDS.get(tokenizer)
+        if pair is None:
+            from tokenizers import Tokenizer
+
+            pair = []
+            for split in (False, True):
+                copy = Tokenizer.from_str(shared.to_str())
+                copy.no_truncation()
+                copy.no_padding()
+                copy.encode_special_tokens = split
+                pair.append(copy)
+            _BACKENDS[tokenizer] = pair
+    return pair[split_special]
+
+
+def framed_ids(tokenizer, text: str) -> list[int]:
+    """Template text: control strings such as "<turn|>" become their control ids."""
+    backend = _backend(tokenizer, False)
+    if backend is None:
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False))
+    return backend.encode(text, add_special_tokens=False).ids
+
+
 def literal_ids(tokenizer, text: str) -> list[int]:
     """User text as text: strings such as "<turn|>" stay characters and never become control ids."""
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    backend = _backend(tokenizer, True)
+    if backend is None:
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    return backend.encode(text, add_special_tokens=False).ids
 
 
 def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=None) -> list[int]:
@@ -80,7 +124,7 @@ def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=No
     before, after = rendered.split(slot if padded else _SLOT)
     text = prompt if padded else prompt.strip()
     tok = dm.tokenizer
-    before_ids, after_ids = tok.encode(before, add_special_tokens=False), tok.encode(after, add_special_tokens=False)
+    before_ids, after_ids = framed_ids(tok, before), framed_ids(tok, after)
     if images is not None:
         before_ids, after_ids = _expand(dm, images, before_ids, after_ids)
     ids = before_ids + literal_ids(tok, text) + after_ids
