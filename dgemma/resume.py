@@ -65,18 +65,23 @@ class Resume:
         return g
 
 
+def check_window(start_step, end_step) -> None:
+    """The window's own checks, which need no model: each step in range, start below end."""
+    for name, value in (("start_step", start_step), ("end_step", end_step)):
+        check_knob(name, value, WINDOW_KNOBS)
+    if start_step >= end_step:
+        raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
+                                       "[start_step, end_step) would run no step")
+
+
 def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pins: Pins | None,
                 resume: Resume | None) -> Plan:
     """Check the window against the scheduler's steps (and a resumed run's pause) and build the plan."""
     if not isinstance(scheduling, Scheduling):
         raise InputError("scheduler", f"scheduler must be a Scheduling, got {type(scheduling).__name__}")
-    for name, value in (("start_step", start_step), ("end_step", end_step)):
-        check_knob(name, value, WINDOW_KNOBS)
+    check_window(start_step, end_step)
     steps = budget(knobs.num_inference_steps, scheduling.corrector_steps)[0] \
         if scheduling.name == "discrete_ddim" else knobs.num_inference_steps
-    if start_step >= end_step:
-        raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
-                                       "[start_step, end_step) would run no step")
     if start_step >= steps:
         raise InputError("start_step", f"start_step {start_step} is past the last step of the schedule "
                                        f"({steps} steps per block); set it below {steps}")

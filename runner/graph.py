@@ -77,7 +77,8 @@ def validate(graph, classes: dict) -> list[str]:
             in_type, options = declared[0], (declared[1] if len(declared) > 1 else {})
             if is_link(value):
                 source = graph.get(value[0])
-                source_cls = classes.get(source.get("class_type")) if isinstance(source, dict) else None
+                kind = source.get("class_type") if isinstance(source, dict) else None
+                source_cls = classes.get(kind) if isinstance(kind, str) else None
                 if source is None:
                     errors.append(f"node {node_id} input {name!r}: links to missing node {value[0]}")
                 elif source_cls is not None:
