@@ -34,7 +34,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
         knobs = knobs_from(knobs)
         check_inputs(model, prompt, knobs, kv_cache, image)  # before the view resets: a refusal leaves it as it was
         if advanced is not None:
-            check_advanced(model, prompt, knobs, kv_cache, advanced)
+            check_advanced(model, prompt, knobs, kv_cache, advanced, image)
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
