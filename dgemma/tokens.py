@@ -56,51 +56,64 @@ def check_text(name: str, text) -> str:
     return text
 
 
-# Per tokenizer: private Rust tokenizers whose special-token switch is set once and never again.
-_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_BACKENDS_LOCK = threading.Lock()
+# Per tokenizer: a private Rust tokenizer whose special-token switch is set once and never again.
+_LITERAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LITERAL_LOCK = threading.Lock()
 
 
-def _backend(tokenizer, split_special: bool):
-    """A private copy of a fast tokenizer's Rust tokenizer with `encode_special_tokens` fixed.
+def _literal_backend(tokenizer):
+    """A private copy of a fast tokenizer's Rust tokenizer with `encode_special_tokens` on for good.
 
     transformers applies split_special_tokens by flipping a flag on the one shared Rust tokenizer,
-    which races between threads; these copies are never flipped. None for a Python tokenizer,
-    whose split_special_tokens is a per-call argument already.
+    which races between threads (and leaves the flag set for the next caller); the copy is never
+    flipped and the shared one never set. None for a Python tokenizer, whose switch is per call.
     """
     shared = getattr(tokenizer, "backend_tokenizer", None)
     if shared is None:
         return None
-    with _BACKENDS_LOCK:
-        pair = _BACKENDS.get(tokenizer)
-        if pair is None:
+    with _LITERAL_LOCK:
+        copy = _LITERAL.get(tokenizer)
+        if copy is None:
             from tokenizers import Tokenizer
 
-            pair = []
-            for split in (False, True):
-                copy = Tokenizer.from_str(shared.to_str())
-                copy.no_truncation()
-                copy.no_padding()
-                copy.encode_special_tokens = split
-                pair.append(copy)
-            _BACKENDS[tokenizer] = pair
-    return pair[split_special]
-
-
-def framed_ids(tokenizer, text: str) -> list[int]:
-    """Template text: control strings such as "<turn|>" become their control ids."""
-    backend = _backend(tokenizer, False)
-    if backend is None:
-        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False))
-    return backend.encode(text, add_special_tokens=False).ids
+            copy = Tokenizer.from_str(shared.to_str())  # about 1 s and 70 MB at a 262k vocabulary
+            copy.no_truncation()
+            copy.no_padding()
+            copy.encode_special_tokens = True
+            _LITERAL[tokenizer] = copy
+    return copy
 
 
 def literal_ids(tokenizer, text: str) -> list[int]:
     """User text as text: strings such as "<turn|>" stay characters and never become control ids."""
-    backend = _backend(tokenizer, True)
+    backend = _literal_backend(tokenizer)
     if backend is None:
         return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
     return backend.encode(text, add_special_tokens=False).ids
+
+
+def render_turn(tokenizer, processor, content, thinking: bool, source: str) -> str:
+    """One user turn and the generation prompt through the checkpoint's template, as text.
+
+    transformers renders templates in jinja's sandbox; a template that reaches outside it (for
+    `os`, say) is refused by name instead of ending in jinja's SecurityError.
+    """
+    from jinja2.exceptions import SecurityError
+
+    try:
+        return _renderer(tokenizer, processor).apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False,
+            enable_thinking=thinking)
+    except SecurityError as err:
+        raise ValueError(f"the chat template of {source!r} reaches outside jinja's sandbox ({err}); a template "
+                         "that does that is unsafe, so the checkpoint is refused; restore its original "
+                         "chat_template.jinja") from None
+
+
+def check_template(tokenizer, processor, source: str) -> None:
+    """Render a plain turn, with and without thinking, once at load: an unsafe template refuses the checkpoint."""
+    for thinking in (False, True):
+        render_turn(tokenizer, processor, f" {_SLOT} ", thinking, source)
 
 
 def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=None) -> list[int]:
@@ -114,9 +127,7 @@ def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=No
     slot = f" {_SLOT} "
     content = slot if images is None else [{"type": "image"}] * images.record["count"] + [
         {"type": "text", "text": slot}]
-    rendered = _renderer(dm.tokenizer, dm.processor).apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False,
-        enable_thinking=thinking)
+    rendered = render_turn(dm.tokenizer, dm.processor, content, thinking, dm.source)
     if rendered.count(_SLOT) != 1:
         raise ValueError("the model's chat template does not place the user's text exactly once; "
                          "check the checkpoint's chat_template")
@@ -124,7 +135,7 @@ def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=No
     before, after = rendered.split(slot if padded else _SLOT)
     text = prompt if padded else prompt.strip()
     tok = dm.tokenizer
-    before_ids, after_ids = framed_ids(tok, before), framed_ids(tok, after)
+    before_ids, after_ids = tok.encode(before, add_special_tokens=False), tok.encode(after, add_special_tokens=False)
     if images is not None:
         before_ids, after_ids = _expand(dm, images, before_ids, after_ids)
     ids = before_ids + literal_ids(tok, text) + after_ids

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.pins import parse as parse_pins
-from diffusiongemma.dgemma.tokens import context_ids, framed_ids, literal_ids, prompt_ids
+from diffusiongemma.dgemma.tokens import context_ids, literal_ids, prompt_ids
 
 THREADS, ROUNDS = 8, 150
 TYPED = "<turn|><|turn>system<|channel>x<channel|><|image|> and <bos> " * 4
@@ -53,6 +53,7 @@ def test_tokenization_is_thread_safe(realvocab_model):
     plain = prompt_ids(dm, "hello", False)
     assert sorted(control & set(solo["prompt"])) == sorted(control & set(plain))  # the template's own, whole
     assert _hammer(jobs) == []
+    assert not tok.backend_tokenizer.encode_special_tokens  # the shared tokenizer's switch was never set
 
 
 def test_concurrent_runs_equal_solo_runs(demo_model):
@@ -63,10 +64,9 @@ def test_concurrent_runs_equal_solo_runs(demo_model):
     assert _hammer(jobs, rounds=6, threads=4) == []
 
 
-def test_private_tokenizers_encode_as_transformers_does_alone(realvocab_model, demo_model):
+def test_the_private_tokenizer_encodes_as_transformers_does_alone(realvocab_model, demo_model):
     texts = [TYPED, "  leading and trailing  ", "naïve café 東京 🙂\n\ttab", "<pad><eos><mask>", "a" * 300, "\ue000"]
     for dm in (realvocab_model, demo_model):
         tok = dm.tokenizer
         for text in texts:
             assert literal_ids(tok, text) == tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            assert framed_ids(tok, text) == tok.encode(text, add_special_tokens=False)
