@@ -9,6 +9,7 @@ blocks). `\\n` in pinned text is a newline. Each piece is tokenized alone, as li
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,9 +99,9 @@ def check_shape(text) -> tuple[list[tuple[int, str]], str] | None:
     if template and not BLANK.search(template):
         raise InputError("pins", f"pins line {template.splitlines()[0]!r} is neither `position: text` nor a "
                                  "template with a blank (___); add a blank where the model writes, or a position")
-    starts = [p for p, t in pairs if t] + ([0] if template and _unescape(template[:BLANK.search(template).start()])
-                                           else [])
-    twice = sorted(p for p in set(starts) if starts.count(p) > 1)
+    head = template[:BLANK.search(template).start()] if template else ""  # text pinned from position 0
+    starts = [p for p, t in pairs if t] + ([0] if head else [])
+    twice = sorted(p for p, n in Counter(starts).items() if n > 1)
     if twice:
         raise InputError("pins", f"two pins claim answer position {twice[0]}; give each position one pin")
     return pairs, template
