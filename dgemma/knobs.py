@@ -113,14 +113,17 @@ class Knobs:
         return self.t_min + (self.t_max - self.t_min) * self.position(step)
 
 
-def knobs_from(values: dict) -> Knobs:
-    """Knobs from a node's inputs: every knob given (a default seed would be a silent choice), none unknown."""
+def knobs_from(values: dict, every: bool = False) -> Knobs:
+    """Knobs from named values, unknown names refused; missing ones take their defaults unless `every`.
+
+    A node passes `every`: its knobs are required inputs, and a default seed would be a silent choice.
+    """
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
         raise InputError(unknown[0], f"{unknown[0]} is not a knob (got {values[unknown[0]]!r}); the knobs are "
                                      f"{', '.join(KNOBS)}")
     missing = [name for name in KNOBS if name not in values]
-    if missing:
+    if every and missing:
         raise InputError(missing[0], f"{missing[0]} is missing ({', '.join(missing)} not given); a node needs every "
                                      f"knob, so give it, e.g. {missing[0]}={KNOBS[missing[0]].default!r}")
     return Knobs(**values)
