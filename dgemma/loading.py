@@ -10,9 +10,12 @@ from pathlib import Path
 import torch
 
 from . import preflight
+from .context import tokenizer_fingerprint
+from .identity import checkpoint_identity
 from .payloads import DGemmaModel
 from .preflight import short
 from .quant import after_load, check_packed, check_quant, merged_tie_patterns, model_class
+from .tokens import check_template
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
@@ -218,6 +221,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device, quant=quant)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
+    check_template(tokenizer, processor, where)
     image_processor = load_image_processor(where, local, processor)
     with cancel_checks(should_cancel), merged_tie_patterns(quant):
         model = model_class(quant).from_pretrained(
@@ -229,6 +233,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     model.eval()
     after_load(model, quant)
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+    identity = checkpoint_identity(folder, where, stored, tokenizer_fingerprint(tokenizer))
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,
                        device=placement.device, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),
-                       channel_ids=_channel_ids(tokenizer), image_processor=image_processor)
+                       channel_ids=_channel_ids(tokenizer), image_processor=image_processor, identity=identity)

@@ -23,6 +23,7 @@ class DGemmaModel:
     eos_ids: tuple[int, ...]
     channel_ids: tuple[int, int] | None  # (<|channel>, <channel|>)
     image_processor: object = None       # the processor's image half; None: the model takes no images
+    identity: str = ""                   # dgemma/identity.py: which files were loaded; reloads and caches match it
 
     @property
     def canvas_length(self) -> int:

@@ -31,7 +31,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
     engine = backend_of(model)  # this process's engine, or a remote model's server
     with comfy_hints():
-        knobs = knobs_from(knobs)
+        knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from ..dgemma.errors import InputError
+from ..dgemma.knobs import check_knob
 from ..dgemma.payloads import CanvasState
-from ..dgemma.resume import WINDOW_KNOBS, Advanced
+from ..dgemma.pins import check_shape
+from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_window
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
-from .schema import CANVAS_STATE, SAMPLER_OUTPUTS, comfy_hints, context_input, image_input, knob_inputs, output_spec
+from .schema import (
+    CANVAS_STATE,
+    SAMPLER_OUTPUTS,
+    comfy_hints,
+    context_input,
+    image_input,
+    knob_inputs,
+    output_spec,
+    validate_knobs,
+)
 
 PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
                 "answer, each blank (___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; "
@@ -61,6 +72,22 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
             **knob_inputs(SCHEDULER_KNOBS),
         }
         return spec
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, start_step=None, end_step=None, pins=None, **inputs):
+        """The knobs, the window and the pins' shape, checked before any node of the prompt runs."""
+        try:
+            window = {"start_step": start_step, "end_step": end_step}
+            for name, value in [*window.items(), *((n, inputs[n]) for n in SCHEDULER_KNOBS if n in inputs)]:
+                if value is not None:
+                    check_knob(name, value, {**WINDOW_KNOBS, **SCHEDULER_KNOBS})
+            if None not in window.values():
+                check_window(start_step, end_step)
+            if pins is not None:
+                check_shape(pins)
+        except InputError as err:
+            return str(err)
+        return validate_knobs(inputs)
 
     def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
                         canvas_state=None, image=None, unique_id=None, **knobs):

@@ -85,7 +85,7 @@ def validate_knobs(inputs: dict):
     ComfyUI's own range check lets NaN through; this refuses it, with the engine's message.
     """
     try:
-        given = {name: inputs[name] for name in KNOBS if name in inputs}
+        given = {name: inputs[name] for name in KNOBS if inputs.get(name) is not None}  # None: a link
         for name, value in given.items():
             check_knob(name, value)
         if len(given) == len(KNOBS):
