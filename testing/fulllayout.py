@@ -23,22 +23,23 @@ MAIN_SHARDS = 6  # model-0000N-of-00006, plus model_extra_tensors.safetensors as
 EXTRA = ("model.decoder.embed_tokens.weight", "model.decoder.norm.weight")
 
 
-def config():
-    cfg = realscale.real_config(text=TEXT, vision=VISION)
+def config(text=TEXT, vision=VISION):
+    cfg = realscale.real_config(text=text, vision=vision)
     cfg.quantization_config = realscale.quantization_config()
     return cfg
 
 
-def build(out: Path, seed: int = 0) -> Path:
-    """Write the checkpoint (weights, config, tokenizer) to `out`."""
+def build(out: Path, seed: int = 0, text: dict = TEXT, vision: dict = VISION) -> Path:
+    """Write the checkpoint (weights, config, tokenizer) to `out`; `text={}, vision={}` is the real width
+    (30.6 GB, what benchmarks/gpu.py loads on a GPU machine)."""
     from safetensors.torch import save_file
 
     from .realslice import Size, _release_config
     from .tiny import _edit_json, generation_config
     from .tiny_tokenizer import build_tokenizer
 
-    cfg = config()
-    layout = realscale.autoround_layout(realscale.meta_model(realscale.real_config(text=TEXT, vision=VISION)))
+    cfg = config(text, vision)
+    layout = realscale.autoround_layout(realscale.meta_model(realscale.real_config(text=text, vision=vision)))
     names = sorted(n for n in layout if n not in EXTRA)
     per_file = math.ceil(len(names) / MAIN_SHARDS)
     files = {f"model-{i + 1:05d}-of-{MAIN_SHARDS:05d}.safetensors": names[i * per_file:(i + 1) * per_file]
@@ -55,9 +56,9 @@ def build(out: Path, seed: int = 0) -> Path:
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     cfg.save_pretrained(out)
     generation_config().save_pretrained(out)
-    build_tokenizer(TEXT["vocab_size"], seed=seed).save_pretrained(out)
+    build_tokenizer(cfg.get_text_config(decoder=True).vocab_size, seed=seed).save_pretrained(out)
     _edit_json(out / "tokenizer_config.json", lambda d: d.update(processor_class="GemmaTokenizer"))
-    _release_config(out / "config.json", Size("full", text=TEXT, vision=VISION))
+    _release_config(out / "config.json", Size("full", text=text, vision=vision))
     return out
 
 
