@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dgemma.context import encode_context
+from ..dgemma.backend import backend_of
 from . import host
 from .schema import CATEGORY, KV_CACHE, comfy_hints, model_input
 
@@ -38,7 +38,8 @@ class DGemmaEncode:
         host.model_ready(model)
         try:
             with comfy_hints():
-                cache = encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt, image=image)
+                cache = backend_of(model).encode(model, text, onto=kv_cache, should_cancel=host.check_interrupt,
+                                                 image=image)
         except BaseException:
             host.run_finished(model, unique_id, failed=True)
             raise

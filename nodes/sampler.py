@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from ..dgemma.backend import backend_of
 from ..dgemma.images import render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
-from ..dgemma.resume import check_advanced
-from ..dgemma.run import check_inputs, generate
 from ..dgemma.tokens import frame_texts
 from . import host
 from .events import DONE, START, STEP, StepStream
@@ -30,11 +29,10 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
 
 def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
+    engine = backend_of(model)  # this process's engine, or a remote model's server
     with comfy_hints():
         knobs = knobs_from(knobs)
-        check_inputs(model, prompt, knobs, kv_cache, image)  # before the view resets: a refusal leaves it as it was
-        if advanced is not None:
-            check_advanced(model, prompt, knobs, kv_cache, advanced)
+        engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
@@ -54,8 +52,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
 
     try:
         with comfy_hints():
-            result = generate(model, prompt, knobs, context=kv_cache, image=image, on_frame=on_frame,
-                              should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced)
+            result = engine.run(model, prompt, knobs, context=kv_cache, image=image, on_frame=on_frame,
+                                should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced)
     except BaseException as err:
         if live:
             ended = stream.failed(err)
