@@ -65,7 +65,7 @@ class Route:
 
     def words(self) -> str:
         if self.quant == "remote":
-            return f"a remote engine (the pack's OpenAI-compatible server on a bigger GPU; {self.cost})"
+            return f"a remote engine (`python -m serve` on a bigger GPU, through the Remote Loader; {self.cost})"
         return f"quant {self.quant} with device {self.device} ({self.cost})"
 
 
