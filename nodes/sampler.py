@@ -46,7 +46,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
 
     def on_frame(frame):
         if live:
-            note.show(stream.progress_text(frame))
+            split = getattr(model, "placement_note", "")  # a remote model has no local placement
+            note.show(stream.progress_text(frame) + (f"\n{split}" if split else ""))
             host.send(STEP, stream.step(frame))
         bar.to(frame.block * steps + frame.step + 1)
 
