@@ -1,33 +1,37 @@
-"""Seconds per step of the full real geometry on one CUDA device, random weights.
+"""Seconds per step of the full real geometry on one CUDA device, loaded through the pack's loader.
 
-Builds the 30-layer DiffusionGemma (26 B parameters, bf16, about 52 GB) directly on the GPU with
-random weights, then times the engine's block loop on a 256-token canvas at 16 and 48 steps
-(confidence 0, so every step runs): seconds per step, tokens per second, peak VRAM.
+Writes, on the GPU machine, a bf16 checkpoint of the 30-layer DiffusionGemma (random weights, about
+52 GB) and an AutoRound INT4 one at the published layout (random packed values, 30.6 GB), one at a
+time (the disk holds one), loads each with `load_model` (preflight, device plan, the INT4 path and
+the pack's patches included) and times the engine's block loop on a 256-token canvas at 16 and 48
+steps (confidence 0, so every step runs). Prints the GPU, driver, torch/transformers/diffusers
+versions, the device plan, seconds per step, compile time, and the peak memory sampled every 20 ms.
 
 Fast path: a transformers StaticCache for the context (the encoder fills it; the decoder reads it
 read-only, copying the canvas keys into a fixed-size buffer, so every step and block has the same
 shapes) and the model's decoder forward under torch.compile. Each variant (static cache alone, then
-static + compiled) counts only when its tokens are identical to the plain path's for the same seed:
-the longer, zero-padded attention rows round differently in bf16 (logits within ~0.005 of the
-plain path's on the tiny model). It stays a benchmark path, not the engine's: once the context
-reaches the sliding window (1,024 tokens in the real model) transformers' static sliding-window
-layers keep other context than the dynamic ones (`sliding_window` tokens, not `sliding_window - 1`,
-and the canvas copied at a position that stops advancing), and the decoder's logits diverge (on the
-tiny model, window 512: off by 0.1 at 512 context tokens, 0.7 at 700). It also needs the whole
-length up front. The benchmark's context (64 prompt tokens, one block) stays inside the window.
+static + compiled) counts only when its tokens are identical to the plain path's for the same seed;
+when none does, the line says `fast=fell back`. It stays a benchmark path, not the engine's: once
+the context reaches the sliding window (1,024 tokens) transformers' static sliding-window layers
+keep other context than the dynamic ones. The benchmark's context (64 prompt tokens, one block)
+stays inside the window.
 
-    python benchmarks/gpu.py                 # needs a GPU with ~60 GB free
-    python benchmarks/gpu.py --dry-run       # the same code on the CPU at a tiny slice (CI), compile
-                                             # with the "eager" backend (traced, no code generation)
+    timeout 3000 python benchmarks/gpu.py --workdir /tmp/dgemma-gpu   # a GPU with ~60 GB free, 64 GB disk
+    python benchmarks/gpu.py --dry-run     # the same path on the CPU through the loader at the small twins
+                                           # of the real-geometry slice (CI); compile with "eager"
 
-Last line: gpu_s_per_step=<48 steps> gpu_s_per_step_fast16=<16 steps, fast path or plain>
-tok_per_s_16=<> tok_per_s_48=<> peak_vram_gib=<>
+Last line: per twin (bf16, int4) s_per_step_48, s_per_step_fast16, tok_per_s_48, peak_gib, compile_s, fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,27 +41,89 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from diffusiongemma.dgemma import Knobs  # noqa: E402
+from diffusiongemma.dgemma import Knobs, load_model  # noqa: E402
 from diffusiongemma.dgemma.cache import encode_ids, new_cache  # noqa: E402
 from diffusiongemma.dgemma.loop import denoise_blocks  # noqa: E402
 from diffusiongemma.dgemma.seeding import make_generator  # noqa: E402
 from diffusiongemma.dgemma.trace import Recorder  # noqa: E402
-from diffusiongemma.testing import realscale  # noqa: E402
+from diffusiongemma.testing import fulllayout, realscale, realslice  # noqa: E402
 
 PROMPT_TOKENS = 64
 
 
-def build(config, device: str):
-    """The model with random weights (its own init), built on `device` in bf16 without a CPU copy."""
+def versions() -> str:
+    import diffusers
+    import transformers
+
+    gpu = driver = "none"
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(0)
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            driver = "unknown"
+    return (f"gpu={gpu!r} driver={driver} torch={torch.__version__} transformers={transformers.__version__} "
+            f"diffusers={diffusers.__version__}")
+
+
+def write_twin(quant: str, out: Path, dry_run: bool) -> Path:
+    """A checkpoint to load: the small slice twins on a dry run, else the real geometry written here."""
+    if dry_run:  # cached with the tests' checkpoints
+        base = Path(os.environ.get("DGEMMA_TEST_CACHE", Path.home() / ".cache" / "dgemma-tests"))
+        size = realslice.SMALL
+        return realslice.int4_dir(size, base) if quant == "autoround" else realslice.slice_dir(size, base)
+    if quant == "autoround":
+        return fulllayout.build(out / "int4", text={}, vision={})
     from transformers import DiffusionGemmaForBlockDiffusion
 
+    from diffusiongemma.testing.tiny import generation_config
+    from diffusiongemma.testing.tiny_tokenizer import build_tokenizer
+
+    config = realscale.real_config()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        with torch.device(device):
+        with torch.device("cuda"):
             model = DiffusionGemmaForBlockDiffusion(config)
     finally:
         torch.set_default_dtype(torch.float32)
-    return model.eval()
+    model.save_pretrained(out / "bf16", max_shard_size="5GB")
+    del model
+    torch.cuda.empty_cache()
+    generation_config().save_pretrained(out / "bf16")
+    build_tokenizer(config.get_text_config(decoder=True).vocab_size).save_pretrained(out / "bf16")
+    realslice._release_config(out / "bf16" / "config.json", realslice.REAL)
+    return out / "bf16"
+
+
+class PeakSampler:
+    """The most memory in use, sampled every 20 ms on a thread: the GPU's (all processes) or this process's RSS."""
+
+    def __init__(self, device: str):
+        self.device, self.peak, self._stop = device, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _used(self) -> int:
+        if self.device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            return total - free
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self):
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._used())
+
+    def __enter__(self):
+        self.peak = self._used()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def sync(device: str) -> None:
@@ -98,15 +164,21 @@ def plain_path(model):
     model.forward = model._plain_forward
 
 
-def variants(model, device: str, backend: str, step_counts, plain: dict) -> dict:
-    """{steps: s/step} of the fastest variant whose tokens equal the plain path's."""
-    best = {}
+def variants(model, device: str, backend: str, step_counts, plain: dict) -> tuple[dict, float]:
+    """({steps: s/step} of the fastest variant whose tokens equal the plain path's, seconds of the first
+    compiled run: compile plus one run)."""
+    best, compile_s = {}, float("nan")
     for name, compiled in (("static", False), ("static+compiled", True)):
         if compiled:
             compile_decoder(model, backend)
         try:
             for steps in step_counts:
+                sync(device)
+                start = time.perf_counter()
                 run(model, steps, device, static=True)  # compile + warm-up
+                sync(device)
+                if compiled and compile_s != compile_s:
+                    compile_s = time.perf_counter() - start
                 ids, per_step, _ = run(model, steps, device, static=True)
                 same = ids == plain[steps][0]
                 print(f"{name} {steps} steps: {per_step:.4f} s/step, tokens identical to plain: {same}", flush=True)
@@ -115,43 +187,59 @@ def variants(model, device: str, backend: str, step_counts, plain: dict) -> dict
         finally:
             if compiled:
                 plain_path(model)
-    return best
+    return best, compile_s
+
+
+def bench(folder: Path, quant: str, device: str, backend: str, step_counts, fast: bool) -> str:
+    """Load `folder` through the pack's loader and time it; one `key=value` summary."""
+    with PeakSampler(device) as peak:
+        start = time.perf_counter()
+        dm = load_model(str(folder), quant=quant, device="cuda" if device == "cuda" else "cpu")
+        load_s = time.perf_counter() - start
+        print(f"{quant}: loaded in {load_s:.1f} s on {dm.device}; {dm.placement_note or 'whole on one device'}",
+              flush=True)
+        model, results = dm.model, {}
+        for steps in step_counts:
+            run(model, steps, device)  # warm-up
+            ids, per_step, done = run(model, steps, device)
+            results[steps] = (ids, per_step)
+            print(f"{quant} plain {steps} steps: {per_step:.4f} s/step, {done} steps, "
+                  f"{model.config.canvas_length / (per_step * done):.1f} tok/s", flush=True)
+        best, compile_s = variants(model, device, backend, step_counts, results) if fast else ({}, float("nan"))
+    few, many = step_counts
+    fell_back = fast and not best
+    name = "int4" if quant == "autoround" else "bf16"
+    return (f"{name}_s_per_step_{many}={results[many][1]:.4f} "
+            f"{name}_s_per_step_fast{few}={min(best.get(few, results[few][1]), results[few][1]):.4f} "
+            f"{name}_tok_per_s_{many}={model.config.canvas_length / (results[many][1] * many):.1f} "
+            f"{name}_peak_gib={peak.peak / 2**30:.1f} {name}_compile_s={compile_s:.1f} "
+            f"{name}_fast={'fell back' if fell_back else 'on' if fast else 'off'}")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true",
-                        help="CPU, the tiny test geometry, the fast path traced without code generation")
+                        help="CPU, the small slice twins, the fast path traced without code generation")
     parser.add_argument("--no-fast", action="store_true", help="skip the static-cache and compiled paths")
+    parser.add_argument("--workdir", help="where the checkpoints are written, one at a time (default: a temp dir)")
+    parser.add_argument("--quants", default="none,autoround", help="which twins: none (bf16), autoround (INT4)")
     args = parser.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        sys.exit("no CUDA device; run with --dry-run to check the script on the CPU")
+    device, backend, step_counts = ("cpu", "eager", (2, 3)) if args.dry_run else ("cuda", "inductor", (16, 48))
     if args.dry_run:
-        from diffusiongemma.testing.tiny import build_model
-
-        device, config, backend = "cpu", build_model("random")[0].config, "eager"
-        step_counts = (2, 3)
-    else:
-        if not torch.cuda.is_available():
-            sys.exit("no CUDA device; run with --dry-run to check the script on the CPU")
-        device, config, backend = "cuda", realscale.real_config(), "inductor"
-        step_counts = (16, 48)
-    model = build(config, device)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    results = {}
-    for steps in step_counts:
-        run(model, steps, device)  # warm-up
-        ids, per_step, done = run(model, steps, device)
-        results[steps] = (ids, per_step)
-        print(f"plain {steps} steps: {per_step:.4f} s/step, {done} steps, "
-              f"{config.canvas_length / (per_step * done):.1f} tok/s", flush=True)
-    fast = {} if args.no_fast else variants(model, device, backend, step_counts, results)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
-    few, many = step_counts
-    best_few = min(fast.get(few, results[few][1]), results[few][1])
-    tok = {s: config.canvas_length / (min(fast.get(s, r[1]), r[1]) * s) for s, r in results.items()}
-    print(f"gpu_s_per_step={results[many][1]:.4f} gpu_s_per_step_fast{few}={best_few:.4f} "
-          f"tok_per_s_{few}={tok[few]:.1f} tok_per_s_{many}={tok[many]:.1f} peak_vram_gib={peak:.1f} "
-          f"device={device}")
+        torch.set_num_threads(1)  # the small twin's 128 experts are many tiny matmuls
+    print(versions(), flush=True)
+    work = Path(args.workdir or ("" if args.dry_run else tempfile.mkdtemp(prefix="dgemma-gpu-")))
+    lines = []
+    for quant in args.quants.split(","):
+        folder = write_twin(quant, work, args.dry_run)
+        try:
+            lines.append(bench(folder, quant, device, backend, step_counts, not args.no_fast))
+        finally:
+            if not args.dry_run:
+                shutil.rmtree(folder, ignore_errors=True)  # the disk holds one real-size checkpoint at a time
+    print(" ".join(lines) + f" device={device}")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
-"""The real geometry on the CPU: capture overhead on a real-size slice, memory truth, trace size, prep time.
+"""The real geometry on the CPU: the load path, memory plans against measured peaks, capture overhead, trace size.
 
+- load_overhead_seconds: CPU seconds of load_model in a fresh process from its call to the first
+  weight placed (every pattern and per-key step included), at the full published AutoRound layout
+  (71,494 keys, 23,450 packed modules; narrow widths, testing/fulllayout.py).
+- preflight_step_error / preflight_int4_error: |the device plan's peak - the child's own peak
+  (VmHWM) through the load and one real-vocabulary step| / measured, on the bf16 slice and on its
+  AutoRound twin (the twin only where it was built: ~45 min and ~18 GB of RAM).
 - slice_overhead_ratio: engine with full capture vs diffusers' bare pipeline on the bf16 slice
   (2 real-size text layers, vocabulary 262,144), same seed and knobs, at confidence 0.005 and 0;
-  CPU seconds per run, alternating, median (and IQR) of the paired ratios. Token parity is
-  checked on the same runs. Per confidence, the loop's per-step breakdown in CPU seconds (model
-  forward, scheduler, stop, capture) and capture as a share of the bare pipeline's step.
-- preflight_error: |what preflight budgets - measured resident growth of the load| / measured,
-  the worse of bf16 and AutoRound INT4 (each load in a fresh process; peak growth).
+  CPU seconds per run, alternating, median (and IQR) of the paired ratios; token parity checked.
 - trace_bytes_per_step: the captured trace per executed step at the real canvas and vocabulary.
-- prep_seconds: CPU seconds of everything before weights at the full 30-layer AutoRound geometry.
 
-    python benchmarks/real_geometry.py [--repeats 7] [--steps 3] [--threads 2]
+    python benchmarks/real_geometry.py [--repeats 7] [--steps 3] [--threads 1] [--parts load,memory,overhead]
 
-Builds (once, ~/.cache/dgemma-real-slice) a 4.9 GB slice and its INT4 twin; needs a
+Builds once (~/.cache/dgemma-real-slice) the 4.6 GB slice and the 74 MB full-layout twin; needs a
 transformers where the pipeline works (< 5.24). A 1 % verdict needs a quiet machine.
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import subprocess
 import sys
 import time
@@ -38,72 +38,93 @@ from headless import load_pack  # noqa: E402
 
 load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model, preflight  # noqa: E402
-from diffusiongemma.testing import realscale, realslice  # noqa: E402
+from diffusiongemma.testing import fulllayout, realslice  # noqa: E402
 
 PROMPT = "What is 3+4?"
 
 
-def rss() -> int:
+def vm(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     return 0
 
 
-def touch(model) -> None:
-    """Read one value per 4 KB page of every weight, so mmapped weights count as resident."""
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            flat = t.detach().reshape(-1)
-            step = max(1, 4096 // max(1, flat.element_size()))
-            flat[::step].float().sum()
-
-
 def measure_load(folder: str, quant: str) -> dict:
-    """In this (fresh) process: predicted bytes, and resident growth once loaded and every weight touched.
-
-    transformers maps bf16 safetensors lazily, so growth right after the load undercounts; the
-    first forward pass reads every weight anyway, which `touch` does without the activations.
-    """
-    stored, per_dtype = preflight.checkpoint_bytes(Path(folder))
-    predicted = preflight.loaded_bytes(stored, per_dtype, "auto")
+    """In this (fresh) process: what the plan budgets, and this process's own peak (VmHWM) over its
+    resident size before the load, through the load and one real step at the canvas."""
     import transformers  # noqa: F401  (imports are not the model's memory)
+
+    from diffusiongemma.dgemma import deviceplan
+    from diffusiongemma.dgemma.quant import shared_copy_bytes
     if quant == "autoround":
         import auto_round  # noqa: F401
-    before = rss()
+    headers = preflight.read_headers(Path(folder))
+    stored, per_dtype = preflight.checkpoint_bytes(Path(folder), headers)
+    before = vm("VmRSS")
     dm = load_model(folder, quant=quant, device="cpu")
-    loaded = rss() - before
-    touch(dm.model)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    shared = getattr(dm.model, "_dgemma_shared_layers", None)
-    return {"predicted": predicted, "peak_growth": peak, "loaded_growth": loaded, "resident_growth": rss() - before,
-            "shared": shared}
+    load_peak = vm("VmHWM") - before
+    prompt = dm.tokenizer(PROMPT)["input_ids"]
+    text = dm.model.config.get_text_config(decoder=True)
+    need = deviceplan.Need(preflight.loaded_bytes(stored, per_dtype, "auto"),
+                           preflight.loaded_bytes(stored, per_dtype, "auto") - shared_copy_bytes(headers),
+                           deviceplan.step_bytes(text, dm.canvas_length, len(prompt) + 64))
+    generate(dm, PROMPT, Knobs(seed=3, num_inference_steps=1, gen_length=dm.canvas_length, confidence=0.0))
+    return {"predicted": need.peak, "predicted_load": need.load, "predicted_run": need.resident + need.step,
+            "load_peak": load_peak, "peak": vm("VmHWM") - before, "resident": vm("VmRSS") - before,
+            "shared": getattr(dm.model, "_dgemma_shared_layers", None)}
 
 
-def memory_truth() -> float:
-    worst = 0.0
-    for folder, quant in ((realslice.slice_dir(), "none"), (realslice.int4_dir(), "autoround")):
-        out = subprocess.run([sys.executable, __file__, "--measure-load", str(folder), quant],
+def memory_truth() -> tuple[float, float]:
+    """(bf16 error, INT4 error) of the plan's peak against the child's own measured peak."""
+    errors = {}
+    folders = {"none": realslice.slice_dir()}
+    int4 = realslice.cache_root() / realslice.REAL.name / "int4"
+    if (int4 / "config.json").is_file():  # ~45 min and ~18 GB of RAM to build: only where it was built
+        folders["autoround"] = int4
+    for quant, folder in folders.items():
+        out = subprocess.run([sys.executable, __file__, "--measure-load", str(folder), quant, "--threads", "1"],
                              capture_output=True, text=True, check=True)
         m = json.loads(out.stdout.strip().splitlines()[-1])
-        error = abs(m["predicted"] - m["resident_growth"]) / m["resident_growth"]
-        worst = max(worst, error)
-        gib = {k: f"{m[k] / 2**30:.2f} GiB" for k in ("predicted", "loaded_growth", "resident_growth", "peak_growth")}
-        print(f"memory {quant}: preflight {gib['predicted']}; resident growth {gib['resident_growth']} with every "
-              f"weight touched ({gib['loaded_growth']} right after the load, peak {gib['peak_growth']}; shared "
-              f"packed layers {m['shared']}); error {error:.3f}", flush=True)
-    return worst
+        errors[quant] = abs(m["predicted"] - m["peak"]) / m["peak"]
+        gib = {k: f"{m[k] / 2**30:.2f} GiB" for k in ("predicted", "predicted_load", "predicted_run", "load_peak",
+                                                        "peak", "resident")}
+        print(f"memory {quant}: plan {gib['predicted']} (load {gib['predicted_load']}, run {gib['predicted_run']}); "
+              f"child's own peak {gib['peak']} (load {gib['load_peak']}, resident after a step "
+              f"{gib['resident']}; shared packed layers {m['shared']}); error {errors[quant]:.3f}", flush=True)
+    return errors.get("none", float("nan")), errors.get("autoround", float("nan"))
 
 
-def prep_seconds() -> float:
-    logging.getLogger("auto_round").setLevel(logging.ERROR)
-    realscale.prepare_autoround(1)  # imports and backend choice, paid once per process
-    start = time.process_time()
-    model = realscale.prepare_autoround()
-    seconds = time.process_time() - start
-    del model
-    print(f"prep: {seconds:.2f} CPU s before weights (30 layers, 23,450 packed modules)", flush=True)
+def load_overhead() -> float:
+    """CPU seconds of a fresh process's load_model, from its call to the first weight placed, at the full
+    published AutoRound layout (71,494 keys; narrow widths, testing/fulllayout.py)."""
+    folder = realslice.cache_root() / "fulllayout"
+    if not (folder / "config.json").is_file():
+        fulllayout.build(folder)
+    out = subprocess.run([sys.executable, __file__, "--first-weight", str(folder)], capture_output=True, text=True,
+                         check=True)
+    seconds = float(out.stdout.strip().splitlines()[-1])
+    print(f"load: {seconds:.2f} CPU s of load_model before the first weight (71,494 keys, 23,450 packed modules)",
+          flush=True)
     return seconds
+
+
+def first_weight(folder: str) -> float:
+    import auto_round  # noqa: F401  (imports are paid once per process, not per load)
+    from transformers import core_model_loading as cml
+
+    logging.getLogger("auto_round").setLevel(logging.ERROR)
+    first, original = [], cml.set_param_for_module
+
+    def placed(*args, **kwargs):
+        if not first:
+            first.append(time.process_time())
+        return original(*args, **kwargs)
+
+    cml.set_param_for_module = placed
+    start = time.process_time()
+    load_model(folder, quant="autoround", device="cpu")
+    return first[0] - start
 
 
 def run_pipeline(dm, knobs: Knobs) -> list[int]:
@@ -193,21 +214,25 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--parts", default="prep,memory,overhead", help="comma list of prep, memory, overhead")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--parts", default="load,memory,overhead", help="comma list of load, memory, overhead")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--measure-load", nargs=2, metavar=("FOLDER", "QUANT"), help=argparse.SUPPRESS)
+    parser.add_argument("--first-weight", metavar="FOLDER", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.measure_load:
         print(json.dumps(measure_load(*args.measure_load)))
         return
+    if args.first_weight:
+        print(first_weight(args.first_weight))
+        return
     parts = set(args.parts.split(","))
     nan = float("nan")
-    prep = prep_seconds() if "prep" in parts else nan
-    error = memory_truth() if "memory" in parts else nan
+    load = load_overhead() if "load" in parts else nan
+    step_error, int4_error = memory_truth() if "memory" in parts else (nan, nan)
     ratio, per_step = overhead(args.repeats, args.steps) if "overhead" in parts else (nan, 0)
-    print(f"slice_overhead_ratio={ratio:.4f} preflight_error={error:.3f} trace_bytes_per_step={per_step} "
-          f"prep_seconds={prep:.2f}")
+    print(f"load_overhead_seconds={load:.2f} preflight_step_error={step_error:.3f} "
+          f"preflight_int4_error={int4_error:.3f} slice_overhead_ratio={ratio:.4f} trace_bytes_per_step={per_step}")
 
 
 if __name__ == "__main__":

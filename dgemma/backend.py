@@ -18,7 +18,7 @@ class LocalBackend:
         """Every check that needs no model work, before any event or progress is shown."""
         check_inputs(dm, prompt, knobs, context, image)
         if advanced is not None:
-            check_advanced(dm, prompt, knobs, context, advanced)
+            check_advanced(dm, prompt, knobs, context, advanced, image)
 
     def run(self, dm, prompt, knobs, **options):
         return generate(dm, prompt, knobs, **options)

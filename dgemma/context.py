@@ -48,6 +48,7 @@ class KVCache:
     tokenizer_fingerprint: str
     geometry: dict
     images: tuple[dict, ...] = ()  # provenance of the images it holds: count, sizes, content hash
+    checkpoint: str = ""           # the minting model's identity: the same files, not only the same folder
 
     @property
     def length(self) -> int:
@@ -67,6 +68,11 @@ class KVCache:
             raise InputError("context", f"the KV context was encoded with tokenizer {self.tokenizer_fingerprint}, "
                                         f"this model's is {dm.tokenizer_fingerprint}; encode the context again "
                                         "with this model")
+        if self.checkpoint != dm.identity:
+            raise InputError("context", f"the KV context was encoded by checkpoint {self.checkpoint} of "
+                                        f"{self.model_source!r}, but what this model loaded from there is "
+                                        f"{dm.identity} (its weights, config or tokenizer changed); encode the "
+                                        "context again with this model")
 
     def fork_for(self, dm):
         """A private cache on the model's device and dtype; the payload's tensors are untouched."""
@@ -91,7 +97,7 @@ class KVCache:
 
     def advanced(self, cache, new_ids, images: tuple[dict, ...] = ()) -> KVCache:
         return KVCache(cache, self.token_ids + tuple(int(i) for i in new_ids), self.model_source,
-                       self.tokenizer_fingerprint, self.geometry, self.images + tuple(images))
+                       self.tokenizer_fingerprint, self.geometry, self.images + tuple(images), self.checkpoint)
 
 
 def encode_context(dm, text: str, onto: KVCache | None = None,
@@ -139,4 +145,4 @@ def encode_context(dm, text: str, onto: KVCache | None = None,
 
 def mint(dm, cache, ids, images: tuple[dict, ...] = ()) -> KVCache:
     return KVCache(cache, tuple(int(i) for i in ids), dm.source, dm.tokenizer_fingerprint, geometry(dm.model),
-                   tuple(images))
+                   tuple(images), dm.identity)

@@ -96,6 +96,10 @@ class Knobs:
         if self.t_max == 0:
             raise InputError("t_max", "t_max must be above 0, got 0.0; a zero temperature divides the logits "
                                       "by zero")
+        if self.entropy_bound == 0:
+            raise InputError("entropy_bound", "entropy_bound must be above 0, got 0.0; at 0 a step accepts only its "
+                                              "one surest position, so the canvas is mostly noise when the steps run "
+                                              "out; set it to 0.001 or more (default 0.1)")
 
     def asdict(self) -> dict:
         return asdict(self)
@@ -109,12 +113,19 @@ class Knobs:
         return self.t_min + (self.t_max - self.t_min) * self.position(step)
 
 
-def knobs_from(values: dict) -> Knobs:
-    """Knobs from named values (missing ones take their defaults); unknown names are refused."""
+def knobs_from(values: dict, every: bool = False) -> Knobs:
+    """Knobs from named values, unknown names refused; missing ones take their defaults unless `every`.
+
+    A node passes `every`: its knobs are required inputs, and a default seed would be a silent choice.
+    """
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
         raise InputError(unknown[0], f"{unknown[0]} is not a knob (got {values[unknown[0]]!r}); the knobs are "
                                      f"{', '.join(KNOBS)}")
+    missing = [name for name in KNOBS if name not in values]
+    if every and missing:
+        raise InputError(missing[0], f"{missing[0]} is missing ({', '.join(missing)} not given); a node needs every "
+                                     f"knob, so give it, e.g. {missing[0]}={KNOBS[missing[0]].default!r}")
     return Knobs(**values)
 
 

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import torch
 
-from . import preflight
+from . import deviceplan, patches, preflight
+from .context import tokenizer_fingerprint
+from .identity import checkpoint_identity
 from .payloads import DGemmaModel
 from .preflight import short
-from .quant import after_load, check_packed, check_quant, merged_tie_patterns, model_class
+from .quant import after_load, check_packed, check_quant, model_class, shared_copy_bytes
+from .tokens import check_template
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
@@ -178,16 +181,26 @@ def vetted_config(folder: Path | None, where: str, local: bool) -> dict:
     return config
 
 
-def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[int, dict[str, int]]:
-    """The checkpoint's size per dtype from its headers (or hub index), once its tensors match its config."""
+def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[int, dict[str, int], int]:
+    """The checkpoint's size, per dtype, and the duplicate packed bytes the load drops, from its headers
+    (or hub index), once its tensors match its config."""
     if folder is not None:
         headers = preflight.read_headers(folder)
         check_packed(config, {n for h in headers.values() for n in h if n != "__metadata__"}, where)
-        return preflight.checkpoint_bytes(folder, headers)
+        return (*preflight.checkpoint_bytes(folder, headers), shared_copy_bytes(headers))
     index = preflight.hub_index(where, local) or {}
     weight_map = index.get("weight_map")
     check_packed(config, set(weight_map) if isinstance(weight_map, dict) else None, where)
-    return preflight.hub_bytes(where, local) or 0, {}
+    return preflight.hub_bytes(where, local) or 0, {}, 0
+
+
+def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device: str, quant: str):
+    """The device plan for what a run of this checkpoint needs on this machine (see deviceplan)."""
+    weights = preflight.loaded_bytes(stored, per_dtype, torch_dtype)
+    need, twin = deviceplan.need_for(weights, config.get_text_config(decoder=True), config.canvas_length, quant,
+                                     shared)
+    return deviceplan.plan(need, device, ram=preflight.free_ram(), vram=preflight.free_vram(),
+                           total_vram=preflight.total_vram(), quant=quant, twin=twin)
 
 
 def load_model(source: str, quant: str = "none", dtype: str = "auto", device: str = "auto",
@@ -214,12 +227,13 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
         raise ValueError(f"cannot read the config of {where!r} ({exc}); check the name, or download it first "
                          "and set local_files_only") from exc
     check_quant(quant, config, where)
-    stored, per_dtype = stored_bytes(folder, where, local, config)
-    placement = preflight.plan(preflight.loaded_bytes(stored, per_dtype, torch_dtype), device, quant=quant)
+    stored, per_dtype, shared = stored_bytes(folder, where, local, config)
+    placement = place(config, stored, per_dtype, shared, torch_dtype, device, quant)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
+    check_template(tokenizer, processor, where)
     image_processor = load_image_processor(where, local, processor)
-    with cancel_checks(should_cancel), merged_tie_patterns(quant):
+    with cancel_checks(should_cancel), patches.for_load(quant):
         model = model_class(quant).from_pretrained(
             where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local,
             use_kernels=False, trust_remote_code=False, device_map=placement.device_map,
@@ -229,6 +243,8 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     model.eval()
     after_load(model, quant)
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+    identity = checkpoint_identity(folder, where, stored, tokenizer_fingerprint(tokenizer))
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,
                        device=placement.device, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),
-                       channel_ids=_channel_ids(tokenizer), image_processor=image_processor)
+                       channel_ids=_channel_ids(tokenizer), image_processor=image_processor, identity=identity,
+                       placement_note=placement.note)

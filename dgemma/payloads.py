@@ -23,6 +23,8 @@ class DGemmaModel:
     eos_ids: tuple[int, ...]
     channel_ids: tuple[int, int] | None  # (<|channel>, <channel|>)
     image_processor: object = None       # the processor's image half; None: the model takes no images
+    identity: str = ""                   # dgemma/identity.py: which files were loaded; reloads and caches match it
+    placement_note: str = ""             # a GPU/CPU split's cost per step, said wherever the model runs
 
     @property
     def canvas_length(self) -> int:

@@ -9,21 +9,24 @@ blocks). `\\n` in pinned text is a newline. Each piece is tokenized alone, as li
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .errors import InputError
-from .tokens import literal_ids
+from .tokens import check_text, literal_ids
 
 BLANK = re.compile(r"_{3,}(?:\{(\d+)\})?")
 PAIR = re.compile(r"^\s*(\d+)\s*:\s?(.*)$")
+ESCAPE = re.compile(r"\\([\\n])")
 MAX_PINS_TEXT = 20_000
 
 
 def _unescape(text: str) -> str:
-    return text.replace("\\\\", "\0").replace("\\n", "\n").replace("\0", "\\")
+    """`\\n` is a newline and `\\\\` a backslash; every other character, NUL included, stays itself."""
+    return ESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else "\\", text)
 
 
 def pieces(text: str) -> tuple[list[tuple[int, str]], str]:
@@ -107,10 +110,15 @@ def report(pins: Pins | None, raw_ids: list[int], end: int, special_ids) -> PinR
                      tuple(int(p) for p in pins.positions if p >= limit), tuple(unfilled))
 
 
-def parse(dm, text: str, positions_available: int) -> Pins | None:
-    """Pins from the widget's text (None when empty); refuses overlaps and pins past the canvas."""
+def check_shape(text) -> tuple[list[tuple[int, str]], str] | None:
+    """The pairs and template of pins text, refused on what needs no tokenizer (None when empty).
+
+    Headless graphs and ComfyUI's validation call this before any node runs; a pin occupies at
+    least its first position, so two pins starting at one position overlap whatever the tokenizer.
+    """
     if not isinstance(text, str):
         raise InputError("pins", f"pins must be text, got {type(text).__name__}")
+    check_text("pins", text)
     if not text.strip():
         return None
     if len(text) > MAX_PINS_TEXT:
@@ -119,6 +127,20 @@ def parse(dm, text: str, positions_available: int) -> Pins | None:
     if template and not BLANK.search(template):
         raise InputError("pins", f"pins line {template.splitlines()[0]!r} is neither `position: text` nor a "
                                  "template with a blank (___); add a blank where the model writes, or a position")
+    head = template[:BLANK.search(template).start()] if template else ""  # text pinned from position 0
+    starts = [p for p, t in pairs if t] + ([0] if head else [])
+    twice = sorted(p for p, n in Counter(starts).items() if n > 1)
+    if twice:
+        raise InputError("pins", f"two pins claim answer position {twice[0]}; give each position one pin")
+    return pairs, template
+
+
+def parse(dm, text: str, positions_available: int) -> Pins | None:
+    """Pins from the widget's text (None when empty); refuses overlaps and pins past the canvas."""
+    shape = check_shape(text)
+    if shape is None:
+        return None
+    pairs, template = shape
     spans, blanks = _template(dm.tokenizer, template) if template else ([], [])
     spans += [(p, literal_ids(dm.tokenizer, t)) for p, t in pairs]
     taken: dict[int, int] = {}

@@ -13,12 +13,10 @@ import math
 import os
 import reprlib
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-HEADROOM = 0.9       # use at most this share of free memory for weights
 GIB = 1024**3
 MODEL_TYPE = "diffusion_gemma"
 MAX_HEADER = 100_000_000  # safetensors' own limit on a header
@@ -33,16 +31,6 @@ _repr.maxstring = _repr.maxother = 80
 def short(value) -> str:
     """repr of a value read from a file or an input, cut so a huge one cannot flood the message."""
     return _repr.repr(value)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Where the weights go: one device, or a device_map with per-device budgets (offload)."""
-
-    device: str
-    device_map: object
-    max_memory: dict | None
-    weight_bytes: int
 
 
 def read_json(path: Path) -> dict:
@@ -228,35 +216,5 @@ def free_vram() -> int:
     return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
 
-def plan(weight_bytes: int, device: str, ram: int | None = None, vram: int | None = None,
-         quant: str = "none") -> Plan:
-    """Choose the placement for `device` (auto, cuda or cpu) or refuse with the fix.
-
-    An AutoRound model is never split between GPU and CPU: accelerate's offload of its packed
-    layers fails inside from_pretrained ("weight is on the meta device"), so it goes whole to one
-    device or is refused here, before any weight is read.
-    """
-    ram = free_ram() if ram is None else ram
-    vram = free_vram() if vram is None else vram
-    need = f"{weight_bytes / GIB:.1f} GiB"
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available() and not vram):
-        if weight_bytes > ram * HEADROOM:
-            raise ValueError(f"the weights need {need} but only {ram / GIB:.1f} GiB of RAM is free; free memory, "
-                             "use a GPU (device auto), or load the AutoRound INT4 checkpoint (quant autoround)")
-        return Plan("cpu", None, None, weight_bytes)
-    if weight_bytes <= vram * HEADROOM:
-        return Plan("cuda", {"": 0}, None, weight_bytes)
-    if quant == "autoround":
-        gpu_needs = f"{weight_bytes / HEADROOM / GIB:.1f} GiB"
-        raise ValueError(f"the AutoRound weights need {need} but the GPU has {vram / GIB:.1f} GiB free, and an "
-                         "AutoRound model cannot be split between GPU and CPU; free GPU memory until "
-                         f"{gpu_needs} is free, or choose device cpu (needs {gpu_needs} of RAM, "
-                         f"{ram / GIB:.1f} GiB free)")
-    if device == "cuda":
-        raise ValueError(f"the weights need {need} but the GPU has {vram / GIB:.1f} GiB free; choose device auto "
-                         "to offload the rest to CPU RAM, or quant autoround (about 30 GB for the real model)")
-    if weight_bytes > (vram + ram) * HEADROOM:
-        raise ValueError(f"the weights need {need} but GPU and RAM together have {(vram + ram) / GIB:.1f} GiB "
-                         "free; close other programs or load the AutoRound INT4 checkpoint (quant autoround)")
-    budget = {0: int(vram * HEADROOM), "cpu": int(ram * HEADROOM)}
-    return Plan("cuda", "auto", budget, weight_bytes)
+def total_vram() -> int:
+    return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 0

@@ -12,12 +12,13 @@ packed layers wherever the checkpoint's two copies are bit-identical.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
-import threading
+import struct
 
 import torch
+
+from .patches import merged_tie_patterns  # noqa: F401  (testing.realscale prepares a model under it)
 
 QUANTS = ("none", "autoround")
 # Fused MoE expert parameters (3D); auto-round splits them into per-expert linears.
@@ -84,72 +85,6 @@ def model_class(quant: str):
     from transformers import DiffusionGemmaForBlockDiffusion
 
     return _autoround_class() if quant == "autoround" else DiffusionGemmaForBlockDiffusion
-
-
-_PATCH_LOCK = threading.Lock()  # the wrapped auto-round attribute is module-global
-_MERGE_TESTED = ("0.16",)  # auto-round versions whose pattern use the merge was checked against
-_PLAIN_NAME = re.compile(r"[\w.\-]+")
-
-
-@contextlib.contextmanager
-def merged_tie_patterns(quant: str):
-    """While loading, hand auto-round its keep-in-full-precision patterns as one regex.
-
-    auto-round searches every linear name (23,705 at the real geometry) with every such pattern
-    (726: each kept tie's two ends) through `re.search(re.compile(p), name)`; past re's 512-entry
-    cache every call recompiles, about 11 minutes of one core before any weight is read. One
-    alternation of the plain-name patterns matches exactly the names one of them matches and
-    compiles once. Applied only to the tested versions, by wrapping the module attribute for the
-    length of our call; nothing installed is edited.
-    """
-    convert = _autoround_convert_module() if quant == "autoround" else None
-    if convert is None:
-        yield
-        return
-    original = convert.get_modules_to_not_convert
-
-    def merged(*args, **kwargs):
-        return merge_patterns(original(*args, **kwargs))
-
-    with _PATCH_LOCK:
-        convert.get_modules_to_not_convert = merged
-        try:
-            yield
-        finally:
-            convert.get_modules_to_not_convert = original
-
-
-def merge_patterns(patterns) -> list[str]:
-    """The plain-name patterns (letters, digits, `_.-`) as one alternation, any other pattern kept as is.
-
-    re.search with `a|b` finds a match exactly when re.search with `a` or with `b` does.
-    """
-    patterns = sorted(set(patterns or ()))
-    plain = [p for p in patterns if _PLAIN_NAME.fullmatch(p)]
-    rest = [p for p in patterns if not _PLAIN_NAME.fullmatch(p)]
-    return (["|".join(plain)] if plain else []) + rest
-
-
-def _autoround_convert_module():
-    """auto-round's convert_model module, if its pattern use is the one the merge was checked against."""
-    try:
-        import auto_round
-        from auto_round.inference import convert_model
-    except ImportError:
-        return None
-    names = _code_names(getattr(getattr(convert_model, "skip_not_convert_modules", None), "__code__", None))
-    version = ".".join(str(getattr(auto_round, "__version__", "")).split(".")[:2])
-    if version not in _MERGE_TESTED or not {"get_modules_to_not_convert", "search", "compile"} <= names:
-        return None
-    return convert_model if callable(getattr(convert_model, "get_modules_to_not_convert", None)) else None
-
-
-def _code_names(code) -> set[str]:
-    """Global and attribute names a function's code (and the code nested in it) uses."""
-    if code is None:
-        return set()
-    nested = [c for c in code.co_consts if hasattr(c, "co_names")]
-    return set(code.co_names).union(*(_code_names(c) for c in nested))
 
 
 def after_load(model, quant: str) -> None:
@@ -284,3 +219,36 @@ def _autoround_class():
             return super().mark_tied_weights_as_initialized(loading_info)
 
     return AutoRoundDiffusionGemma
+
+
+_PACKED_PARTS = ("qweight", "qzeros", "scales")
+
+
+def shared_copy_bytes(headers: dict) -> int:
+    """Bytes of encoder packed tensors the load will drop as duplicates of the decoder's (after_load).
+
+    Reads one `.scales` tensor per encoder layer and its decoder twin (kilobytes): a checkpoint
+    quantized by rounding alone holds identical copies everywhere, a tuned one nowhere. 0 when a
+    sample differs or the checkpoint has no packed encoder layers.
+    """
+    where = {name: (path, info) for path, header in headers.items() for name, info in header.items()
+             if name != "__metadata__"}
+    pairs = {n: n.replace(_ENCODER_LAYERS, _DECODER_LAYERS, 1) for n in where
+             if n.startswith(_ENCODER_LAYERS + ".") and n.rsplit(".", 1)[-1] in _PACKED_PARTS}
+    pairs = {a: b for a, b in pairs.items() if b in where and where[a][1]["shape"] == where[b][1]["shape"]}
+    samples = {}
+    for name in sorted(pairs):
+        layer = name[len(_ENCODER_LAYERS) + 1:].split(".", 1)[0]
+        if name.endswith(".scales"):
+            samples.setdefault(layer, name)
+    if not samples or any(_raw(*where[a]) != _raw(*where[pairs[a]]) for a in samples.values()):
+        return 0
+    return sum(info["data_offsets"][1] - info["data_offsets"][0] for _, info in (where[n] for n in pairs))
+
+
+def _raw(path, info) -> bytes:
+    start, stop = info["data_offsets"]
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        fh.seek(8 + length + start)
+        return fh.read(stop - start)

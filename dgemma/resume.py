@@ -19,6 +19,7 @@ from .loop import Plan, num_blocks
 from .pins import Pins
 from .pins import parse as parse_pins
 from .schedulers import USES, Scheduling, budget
+from .vision import image_record
 
 WINDOW_KNOBS: dict[str, KnobSpec] = {
     "start_step": KnobSpec(
@@ -47,6 +48,7 @@ class Resume:
     paused: dict | None = None       # the loop's pause point; None when the run finished
     cache: object = None
     generator_state: torch.Tensor | None = None
+    image: dict | None = None        # the turn's image record (count, sizes, content hash); None: no image
 
     @property
     def finished(self) -> bool:
@@ -65,18 +67,23 @@ class Resume:
         return g
 
 
+def check_window(start_step, end_step) -> None:
+    """The window's own checks, which need no model: each step in range, start below end."""
+    for name, value in (("start_step", start_step), ("end_step", end_step)):
+        check_knob(name, value, WINDOW_KNOBS)
+    if start_step >= end_step:
+        raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
+                                       "[start_step, end_step) would run no step")
+
+
 def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pins: Pins | None,
                 resume: Resume | None) -> Plan:
     """Check the window against the scheduler's steps (and a resumed run's pause) and build the plan."""
     if not isinstance(scheduling, Scheduling):
         raise InputError("scheduler", f"scheduler must be a Scheduling, got {type(scheduling).__name__}")
-    for name, value in (("start_step", start_step), ("end_step", end_step)):
-        check_knob(name, value, WINDOW_KNOBS)
+    check_window(start_step, end_step)
     steps = budget(knobs.num_inference_steps, scheduling.corrector_steps)[0] \
         if scheduling.name == "discrete_ddim" else knobs.num_inference_steps
-    if start_step >= end_step:
-        raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
-                                       "[start_step, end_step) would run no step")
     if start_step >= steps:
         raise InputError("start_step", f"start_step {start_step} is past the last step of the schedule "
                                        f"({steps} steps per block); set it below {steps}")
@@ -88,7 +95,7 @@ def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pi
                 resume=None if resume is None else resume.paused)
 
 
-def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Scheduling) -> None:
+def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Scheduling, image=None) -> None:
     """Refuse a canvas_state that cannot continue into this run, naming what differs and the fix."""
     if not isinstance(resume, Resume):
         raise InputError("canvas_state", f"canvas_state must be the canvas_state of a DGemmaSamplerAdvanced run, "
@@ -102,6 +109,7 @@ def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Sch
     if resume.context is not context:
         raise InputError("context", "the KV context differs from the resumed run's; wire the same kv_cache "
                                     "(or none) into both samplers")
+    _check_image(resume.image, image)
     for name in RESUMED_FIXED:
         was, now = getattr(resume.knobs, name), getattr(knobs, name)
         if was != now:
@@ -110,6 +118,20 @@ def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Sch
     if resume.scheduler != scheduling.name:
         raise InputError("scheduler", f"scheduler is {scheduling.name!r} but the resumed run used "
                                       f"{resume.scheduler!r}; set it to {resume.scheduler!r}")
+
+
+def _check_image(was: dict | None, image) -> None:
+    """A resumed run continues its own turn: the image it read (or its lack of one) cannot change."""
+    now = image_record(image)
+    if was is not None and now is None:
+        raise InputError("image", "the resumed run read an image, but image is unwired here; wire the same image "
+                                  "into both samplers")
+    if was is None and now is not None:
+        raise InputError("image", "the resumed run had no image, but one is wired here; unwire image (a resumed "
+                                  "run continues its own turn)")
+    if was != now:
+        raise InputError("image", f"image differs from the resumed run's ({now['sha256']} against "
+                                  f"{was['sha256']}); a resumed run continues its own turn, so wire the same image")
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,10 +167,10 @@ class Advanced:
                 "end_step": self.end_step, "pins": self.pins, "resumed_from": origin}
 
 
-def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced) -> None:
+def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced, image=None) -> None:
     """Every check of an advanced run that needs no model work (after `run.check_inputs`)."""
     if not isinstance(advanced, Advanced):
         raise InputError("advanced", f"advanced must be an Advanced, got {type(advanced).__name__}")
     if advanced.resume is not None:
-        check_resume(advanced.resume, dm, prompt, knobs, context, advanced.scheduling)
+        check_resume(advanced.resume, dm, prompt, knobs, context, advanced.scheduling, image)
     advanced.plan(dm, knobs)

@@ -88,7 +88,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     check_inputs(dm, prompt, knobs, context, image)
     resume = advanced.resume if advanced is not None else None
     if resume is not None:
-        check_resume(resume, dm, prompt, knobs, context, advanced.scheduling)
+        check_resume(resume, dm, prompt, knobs, context, advanced.scheduling, image)
     images = prepare_images(dm, image) if image is not None and resume is None else None
     turn = turn_ids(dm, prompt, knobs, context, images) if resume is None else []
     plan = advanced.plan(dm, knobs) if advanced is not None else None
@@ -109,13 +109,13 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     run_id = uuid.uuid4().hex
     trace = recorder.finish(context=summary, run_id=run_id, scheduler=advanced.scheduler(knobs) if advanced else ())
     state = read_state(dm, sequence[0].tolist(), trace, plan.pins if plan is not None else None)
+    image_record = images.record if images is not None else resume.image if resume is not None else None
     if advanced is not None:
         paused = plan.paused if plan is not None and cache is not None else None
         keep = Resume(model, prompt, context, knobs, advanced.scheduling.name, recorder.snapshot(), sequence,
                       paused, cache if paused else None,
-                      generator.get_state() if paused else None)
+                      generator.get_state() if paused else None, image=image_record)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
-    image_record = images.record if images is not None else None
     config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
                        advanced=advanced.record() if advanced is not None else None, **dm.describe())
     new_context = None

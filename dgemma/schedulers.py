@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import InputError
 from .knobs import Knobs, KnobSpec, check_knob
-from .schedstep import step_with_entropy
+from .patches import step_with_entropy
 
 SCHEDULERS = ("entropy_bound", "block_refinement", "discrete_ddim")
 DIFFUSERS_NAMES = {"entropy_bound": "EntropyBoundScheduler", "block_refinement": "BlockRefinementScheduler",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 
 from .errors import InputError
 
@@ -54,9 +56,64 @@ def check_text(name: str, text) -> str:
     return text
 
 
+# Per tokenizer: a private Rust tokenizer whose special-token switch is set once and never again.
+_LITERAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LITERAL_LOCK = threading.Lock()
+
+
+def _literal_backend(tokenizer):
+    """A private copy of a fast tokenizer's Rust tokenizer with `encode_special_tokens` on for good.
+
+    transformers applies split_special_tokens by flipping a flag on the one shared Rust tokenizer,
+    which races between threads (and leaves the flag set for the next caller); the copy is never
+    flipped and the shared one never set. None for a Python tokenizer, whose switch is per call.
+    """
+    shared = getattr(tokenizer, "backend_tokenizer", None)
+    if shared is None:
+        return None
+    with _LITERAL_LOCK:
+        copy = _LITERAL.get(tokenizer)
+        if copy is None:
+            from tokenizers import Tokenizer
+
+            copy = Tokenizer.from_str(shared.to_str())  # about 1 s and 70 MB at a 262k vocabulary
+            copy.no_truncation()
+            copy.no_padding()
+            copy.encode_special_tokens = True
+            _LITERAL[tokenizer] = copy
+    return copy
+
+
 def literal_ids(tokenizer, text: str) -> list[int]:
     """User text as text: strings such as "<turn|>" stay characters and never become control ids."""
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    backend = _literal_backend(tokenizer)
+    if backend is None:
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    return backend.encode(text, add_special_tokens=False).ids
+
+
+def render_turn(tokenizer, processor, content, thinking: bool, source: str) -> str:
+    """One user turn and the generation prompt through the checkpoint's template, as text.
+
+    transformers renders templates in jinja's sandbox; a template that reaches outside it (for
+    `os`, say) is refused by name instead of ending in jinja's SecurityError.
+    """
+    from jinja2.exceptions import SecurityError
+
+    try:
+        return _renderer(tokenizer, processor).apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False,
+            enable_thinking=thinking)
+    except SecurityError as err:
+        raise ValueError(f"the chat template of {source!r} reaches outside jinja's sandbox ({err}); a template "
+                         "that does that is unsafe, so the checkpoint is refused; restore its original "
+                         "chat_template.jinja") from None
+
+
+def check_template(tokenizer, processor, source: str) -> None:
+    """Render a plain turn, with and without thinking, once at load: an unsafe template refuses the checkpoint."""
+    for thinking in (False, True):
+        render_turn(tokenizer, processor, f" {_SLOT} ", thinking, source)
 
 
 def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=None) -> list[int]:
@@ -70,9 +127,7 @@ def prompt_ids(dm, prompt: str, thinking: bool, with_bos: bool = True, images=No
     slot = f" {_SLOT} "
     content = slot if images is None else [{"type": "image"}] * images.record["count"] + [
         {"type": "text", "text": slot}]
-    rendered = _renderer(dm.tokenizer, dm.processor).apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False,
-        enable_thinking=thinking)
+    rendered = render_turn(dm.tokenizer, dm.processor, content, thinking, dm.source)
     if rendered.count(_SLOT) != 1:
         raise ValueError("the model's chat template does not place the user's text exactly once; "
                          "check the checkpoint's chat_template")

@@ -17,6 +17,7 @@ from .errors import InputError
 
 MAX_SIDE = 8192      # pixels a side: larger images are refused before any resize
 MAX_IMAGES = 16      # one turn holds the whole batch as several images
+SLACK = 0.5 / 255    # values this far outside 0..1 still round to a valid 8-bit level
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,8 +70,17 @@ def check_image_tensor(name: str, image) -> torch.Tensor:
     if not image.is_floating_point():
         raise InputError(name, f"{name} has dtype {str(image.dtype).removeprefix('torch.')}; an IMAGE holds "
                                "floats in 0..1; convert it, or wire an IMAGE output")
+    if image.device.type == "meta":
+        raise InputError(name, f"{name} is a meta tensor (a shape with no pixels); give a real tensor from a node "
+                               "that loads or makes pixels")
     if not bool(torch.isfinite(image).all()):
         raise InputError(name, f"{name} holds NaN or infinite values; check the node that made it")
+    lo, hi = float(image.min()), float(image.max())
+    if lo < -SLACK or hi > 1 + SLACK:
+        fix = "divide it by 255 (it looks like 0..255 pixel levels)" if lo >= -SLACK and hi <= 255 + SLACK \
+            else "rescale it into 0..1"
+        raise InputError(name, f"{name} holds values from {lo:g} to {hi:g}, but an IMAGE holds floats in 0..1 and "
+                               f"nothing is guessed; {fix}")
     return image
 
 
@@ -111,13 +121,19 @@ def record(arrays: list[np.ndarray]) -> dict:
             "sha256": digest.hexdigest()[:16]}
 
 
+def image_record(image) -> dict | None:
+    """The record of a checked IMAGE batch (None for no image), without the processor."""
+    return None if image is None else record(to_uint8(image))
+
+
 def prepare_images(dm, image, name: str = "image") -> ImageInput:
     """Check `image`, then run it through the model's image processor (which resizes it)."""
     check_image_tensor(name, image)
     check_vision(name, dm)
     arrays = to_uint8(image)
     try:
-        out = dm.image_processor(images=arrays, return_tensors="pt")
+        # Said outright: a picture 1-3 pixels high would otherwise be guessed to be channels first.
+        out = dm.image_processor(images=arrays, return_tensors="pt", input_data_format="channels_last")
     except (ValueError, TypeError) as err:
         raise InputError(name, f"the model's image processor refused {name} ({err}); try an image with a less "
                                "extreme aspect ratio") from None

@@ -12,6 +12,8 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..dgemma.errors import InputError
+
 MODEL_FOLDER = "diffusiongemma"
 
 
@@ -195,7 +197,13 @@ def model_ready(dm) -> None:
     if held is None:
         return
     if held.unloaded:
-        _transplant(dm.model, held.reload().model)
+        fresh = held.reload()
+        if fresh.identity != dm.identity:
+            raise InputError("model", f"the checkpoint at {dm.source!r} changed on disk since it was loaded "
+                                      f"({dm.identity} then, {fresh.identity} now), so its unloaded weights are not "
+                                      "read back from it; load it again with DGemmaLoader (in ComfyUI: Free model "
+                                      "and node cache, then queue)")
+        _transplant(dm.model, fresh.model)
         held.unloaded = False
     if held.patcher is not None:
         _comfy("comfy.model_management").load_models_gpu([held.patcher], force_full_load=True)

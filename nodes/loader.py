@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
@@ -12,6 +13,8 @@ from . import host
 from .schema import CATEGORY, MODEL
 
 HUB_IDS = (DEFAULT_HUB_ID, "Intel/diffusiongemma-26B-A4B-it-int4-AutoRound")
+
+log = logging.getLogger("dgemma")
 
 
 def model_choices() -> list[str]:
@@ -96,6 +99,8 @@ class DGemmaLoader:
                                   local_files_only=local_files_only, should_cancel=should_cancel)
 
         loaded = load(host.check_interrupt)
+        if loaded.placement_note:  # a split pays PCIe traffic every step: say so where the user looks
+            log.warning("DiffusionGemma %s", loaded.placement_note)
         host.manage(loaded, after_run, reload=load)
         return (loaded,)
 

@@ -32,7 +32,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
     engine = backend_of(model)  # this process's engine, or a remote model's server
     resuming = advanced is not None and advanced.resume is not None
     with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
-        knobs = knobs_from(knobs)
+        knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
@@ -47,7 +47,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
 
     def on_frame(frame):
         if live:
-            note.show(stream.progress_text(frame))
+            split = getattr(model, "placement_note", "")  # a remote model has no local placement
+            note.show(stream.progress_text(frame) + (f"\n{split}" if split else ""))
             host.send(STEP, stream.step(frame))
         bar.to(frame.block * steps + frame.step + 1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..dgemma.errors import InputError
 from ..dgemma.payloads import CanvasState
+from ..dgemma.pins import check_shape
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
@@ -71,6 +72,17 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
             **knob_inputs(SCHEDULER_KNOBS),
         }
         return spec
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, pins=None):
+        """The pins' shape, checked before any node of the prompt runs; it names only `pins`, so ComfyUI
+        keeps its own range and choice checks for every other input (the window is checked at run start)."""
+        try:
+            if pins is not None:
+                check_shape(pins)
+        except InputError as err:
+            return str(err)
+        return True
 
     def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
                         canvas_state=None, image=None, unique_id=None, **knobs):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 from PIL import Image
 
-from ..dgemma.outfiles import save_new
+from ..dgemma.outfiles import save_new, target_folder
 from ..nodes import host
 
 VIDEO_FORMATS = ["image/gif", "image/webp", "video/h264-mp4", "video/webm"]
@@ -55,10 +55,25 @@ class PreviewAny:
         return {"ui": {"text": [describe(source)]}}
 
 
-class SaveImage:
+class _Saver:
+    """A saving node: its filename_prefix is refused while the graph is validated, before any node runs."""
+
     OUTPUT_NODE = True
     RETURN_TYPES = ()
     FUNCTION = "run"
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, filename_prefix=None, **_):
+        if filename_prefix is None:
+            return True
+        try:
+            target_folder(host.output_dir(), filename_prefix)
+        except ValueError as err:
+            return str(err)
+        return True
+
+
+class SaveImage(_Saver):
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -95,10 +110,7 @@ def _save_animation(images, prefix: str, fps: float, loop: int, fmt: str, pingpo
     return str(save_new(host.output_dir(), prefix, kind[1], write))
 
 
-class SaveAnimatedWEBP:
-    OUTPUT_NODE = True
-    RETURN_TYPES = ()
-    FUNCTION = "run"
+class SaveAnimatedWEBP(_Saver):
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -112,8 +124,7 @@ class SaveAnimatedWEBP:
         return {"ui": {"images": [_save_animation(images, filename_prefix, fps, 0, "image/webp", False)]}}
 
 
-class VHS_VideoCombine:
-    OUTPUT_NODE = True
+class VHS_VideoCombine(_Saver):
     RETURN_TYPES = ("VHS_FILENAMES",)
     FUNCTION = "run"
 

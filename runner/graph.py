@@ -76,24 +76,29 @@ def validate(graph, classes: dict) -> list[str]:
             if declared is None:
                 continue  # ComfyUI ignores inputs a node does not declare
             in_type, options = declared[0], (declared[1] if len(declared) > 1 else {})
-            if is_link(value):
-                source = graph.get(value[0])
-                source_cls = classes.get(source.get("class_type")) if isinstance(source, dict) else None
-                if source is None:
-                    errors.append(f"node {node_id} input {name!r}: links to missing node {value[0]}")
-                elif source_cls is not None:
-                    outs = source_cls.RETURN_TYPES
-                    if not 0 <= value[1] < len(outs):
-                        errors.append(f"node {node_id} input {name!r}: node {value[0]} has no output {value[1]}")
-                    elif not _types_match(outs[value[1]], in_type):
-                        errors.append(f"node {node_id} input {name!r}: expects {in_type}, "
-                                      f"node {value[0]} output {value[1]} gives {outs[value[1]]}")
-            else:
-                problem = _check_constant(node_id, name, in_type, options, value)
-                if problem:
-                    errors.append(problem)
+            problem = _check_link(graph, classes, f"node {node_id} input {name!r}", in_type, value) \
+                if is_link(value) else _check_constant(node_id, name, in_type, options, value)
+            if problem:
+                errors.append(problem)
         errors += _custom_validation(node_id, cls, inputs)
     return errors
+
+
+def _check_link(graph, classes: dict, where: str, in_type, link) -> str | None:
+    """What is wrong with a link into an input (None when it fits); a malformed source is named on its own."""
+    source = graph.get(link[0])
+    kind = source.get("class_type") if isinstance(source, dict) else None
+    source_cls = classes.get(kind) if isinstance(kind, str) else None
+    if source is None:
+        return f"{where}: links to missing node {link[0]}"
+    if source_cls is None:
+        return None
+    outs = source_cls.RETURN_TYPES
+    if not 0 <= link[1] < len(outs):
+        return f"{where}: node {link[0]} has no output {link[1]}"
+    if not _types_match(outs[link[1]], in_type):
+        return f"{where}: expects {in_type}, node {link[0]} output {link[1]} gives {outs[link[1]]}"
+    return None
 
 
 def _custom_validation(node_id: str, cls, inputs: dict) -> list[str]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusiongemma.dgemma import Knobs, generate, schedstep
+from diffusiongemma.dgemma import Knobs, generate, patches
 from diffusiongemma.dgemma.loop import step_entropy
 from diffusiongemma.dgemma.resume import Advanced
 from diffusiongemma.dgemma.schedulers import Scheduling
@@ -47,7 +47,7 @@ def test_vocabulary_entropies_per_step(tiny_model, monkeypatch, confidence, sche
 def test_kept_entropy_is_the_one_the_scheduler_accepted_by(tiny_model):
     scheduler, knobs = _scheduler()
     logits = _logits(tiny_model.vocab_size)
-    out, entropy = schedstep.step_with_entropy(scheduler, logits, 1, torch.zeros(1, 8, dtype=torch.long),
+    out, entropy = patches.step_with_entropy(scheduler, logits, 1, torch.zeros(1, 8, dtype=torch.long),
                                                torch.Generator().manual_seed(0))
     T = knobs.temperature(1)
     assert torch.equal(out.pred_logits, logits / T)
@@ -59,7 +59,7 @@ def test_kept_entropy_is_the_one_the_scheduler_accepted_by(tiny_model):
 
 def test_bf16_logits_keep_the_pipeline_float_entropy_for_the_stop(tiny_model):
     scheduler, _ = _scheduler()
-    out, entropy = schedstep.step_with_entropy(scheduler, _logits(tiny_model.vocab_size, torch.bfloat16), 1,
+    out, entropy = patches.step_with_entropy(scheduler, _logits(tiny_model.vocab_size, torch.bfloat16), 1,
                                                torch.zeros(1, 8, dtype=torch.long), torch.Generator().manual_seed(0))
     assert entropy.dtype == torch.bfloat16  # the scheduler measures in the logits' dtype
     stop = step_entropy(out.pred_logits, entropy.float(), 0.005)
@@ -73,20 +73,20 @@ def test_another_thread_calling_the_scheduler_sees_no_difference(tiny_model):
     canvas = torch.zeros(1, 8, dtype=torch.long)
     logits = _logits(tiny_model.vocab_size)
     scheduler, _ = _scheduler()
-    schedstep.step_with_entropy(scheduler, logits, 1, canvas, torch.Generator().manual_seed(0))  # view installed
+    patches.step_with_entropy(scheduler, logits, 1, canvas, torch.Generator().manual_seed(0))  # view installed
     plain = scheduler.step(logits, 1, canvas, generator=torch.Generator().manual_seed(3))
-    schedstep._kept.listening, schedstep._kept.value = True, None  # this thread listens ...
+    patches._kept.listening, patches._kept.value = True, None  # this thread listens ...
     try:
         seen = []
         worker = threading.Thread(target=lambda: seen.append(
             scheduler.step(logits, 1, canvas, generator=torch.Generator().manual_seed(3))))
         worker.start()
         worker.join()
-        assert schedstep._kept.value is None  # ... and keeps nothing from the other thread's step
+        assert patches._kept.value is None  # ... and keeps nothing from the other thread's step
     finally:
-        schedstep._kept.listening = False
+        patches._kept.listening = False
     other = seen[0]
     for field in ("prev_sample", "accepted_index", "sampled_tokens", "sampled_probs", "pred_logits"):
         assert torch.equal(getattr(other, field), getattr(plain, field)), field
     again = torch.distributions.Categorical(logits=plain.pred_logits).entropy()  # nothing kept outside a step
-    assert np.isfinite(again.numpy()).all() and schedstep._kept.value is None
+    assert np.isfinite(again.numpy()).all() and patches._kept.value is None

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from diffusiongemma.dgemma import load_model, preflight, versions
-from diffusiongemma.dgemma.preflight import GIB, plan
+from diffusiongemma.dgemma.deviceplan import GIB, Need, plan
 from diffusiongemma.nodes import host
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -85,15 +85,24 @@ def test_dtype_choice_and_size(tiny_dir):
 
 
 def test_preflight_refuses_what_cannot_fit_and_plans_offload():
-    with pytest.raises(ValueError, match=r"need 50.0 GiB but only 8.0 GiB of RAM is free"):
-        plan(50 * GIB, "cpu", ram=8 * GIB, vram=0)
-    with pytest.raises(ValueError, match="choose device auto to offload"):
-        plan(50 * GIB, "cuda", ram=64 * GIB, vram=24 * GIB)
-    with pytest.raises(ValueError, match="GPU and RAM together have 40.0 GiB"):
-        plan(50 * GIB, "auto", ram=16 * GIB, vram=24 * GIB)
-    offload = plan(50 * GIB, "auto", ram=64 * GIB, vram=24 * GIB)
-    assert offload.device_map == "auto" and offload.max_memory == {0: int(24 * GIB * 0.9), "cpu": int(64 * GIB * 0.9)}
-    assert plan(10 * GIB, "auto", ram=64 * GIB, vram=24 * GIB).device_map == {"": 0}
+    need = Need(50 * GIB, 50 * GIB)
+    with pytest.raises(ValueError, match=r"needs 50.0 GiB but only 8.0 GiB of RAM is free"):
+        plan(need, "cpu", ram=8 * GIB, vram=0)
+    with pytest.raises(ValueError, match="device cuda keeps it whole on the GPU.*quant none with device auto"):
+        plan(need, "cuda", ram=64 * GIB, vram=24 * GIB)
+    with pytest.raises(ValueError, match="GPU and RAM together have 37.9 GiB to spare"):
+        plan(need, "auto", ram=16 * GIB, vram=24 * GIB)
+    offload = plan(need, "auto", ram=64 * GIB, vram=24 * GIB)
+    assert offload.device_map == "auto" and offload.max_memory == {0: int(23.5 * GIB), "cpu": int(64 * GIB * 0.9)}
+    assert offload.streamed == int(26.5 * GIB) and "26.5 GiB of weights stay in CPU RAM" in offload.note
+    assert plan(Need(10 * GIB, 10 * GIB), "auto", ram=64 * GIB, vram=24 * GIB).device_map == {"": 0}
+
+
+def test_the_step_and_the_dropped_copies_count():
+    assert Need(20 * GIB, 12 * GIB, 2 * GIB).peak == 20 * GIB  # loading holds every copy
+    assert Need(20 * GIB, 19 * GIB, 2 * GIB).peak == 21 * GIB  # a run holds the resident weights and a step
+    with pytest.raises(ValueError, match="needs 21.0 GiB on the GPU"):
+        plan(Need(20 * GIB, 19 * GIB, 2 * GIB), "cuda", ram=64 * GIB, vram=21 * GIB)
 
 
 def test_cuda_asked_without_a_gpu(tiny_dir, no_weights_read):

@@ -14,8 +14,9 @@ import time
 import auto_round  # noqa: F401
 import pytest
 
-from diffusiongemma.dgemma import preflight
-from diffusiongemma.dgemma.quant import merge_patterns, model_class, packed_names
+from diffusiongemma.dgemma import deviceplan
+from diffusiongemma.dgemma.patches import merge_patterns
+from diffusiongemma.dgemma.quant import model_class, packed_names
 from diffusiongemma.testing import realscale as rs
 
 GB, GIB = 10**9, 1024**3
@@ -80,9 +81,9 @@ def test_merged_patterns_match_what_each_pattern_matches():
 
 def test_the_merge_applies_to_the_installed_auto_round():
     """A version or code change in auto-round turns the merge off; the pack then needs a fresh check."""
-    from diffusiongemma.dgemma import quant
+    from diffusiongemma.dgemma import patches
 
-    assert quant._autoround_convert_module() is not None
+    assert patches._autoround_convert_module() is not None
 
 
 def test_merge_keeps_patterns_that_are_not_plain_names():
@@ -92,34 +93,93 @@ def test_merge_keeps_patterns_that_are_not_plain_names():
 
 BF16 = sum(2 * p.numel() for p in rs.meta_model(rs.real_config()).parameters())
 INT4 = rs.REAL_TOTAL_SIZE
-RAM = 64 * GB
-# free VRAM -> where the whole real model goes: bf16 and AutoRound INT4, device auto
+TEXT = rs.real_config().get_text_config(decoder=True)
+CARDS, RAMS = (12, 16, 24, 32, 48, 80, 141), (32, 64, 128)
+# card GiB -> where the whole real model goes with device auto (bf16, AutoRound INT4), per RAM size
 TABLE = {
-    16: ("split", "refused"),
-    24: ("split", "refused"),
-    34: ("split", "gpu"),
-    48: ("split", "gpu"),
-    80: ("gpu", "gpu"),
+    12: {32: ("refused", "refused"), 64: ("split", "refused"), 128: ("split", "refused")},
+    16: {32: ("refused", "refused"), 64: ("split", "refused"), 128: ("split", "refused")},
+    24: {32: ("refused", "refused"), 64: ("split", "refused"), 128: ("split", "refused")},
+    32: {32: ("split", "gpu"), 64: ("split", "gpu"), 128: ("split", "gpu")},
+    48: {32: ("split", "gpu"), 64: ("split", "gpu"), 128: ("split", "gpu")},
+    80: {32: ("gpu", "gpu"), 64: ("gpu", "gpu"), 128: ("gpu", "gpu")},
+    141: {32: ("gpu", "gpu"), 64: ("gpu", "gpu"), 128: ("gpu", "gpu")},
 }
 
 
-def where(weight_bytes, vram_gb, quant, device="auto"):
+def machine(card: int, ram: int) -> dict:
+    """Free memory on a machine: the desktop holds 0.4 GiB of the card, the OS 3 GiB of RAM."""
+    return dict(vram=int((card - 0.4) * GIB), total_vram=card * GIB, ram=(ram - 3) * GIB)
+
+
+def needs(quant: str):
+    weights = INT4 if quant == "autoround" else BF16
+    return deviceplan.need_for(weights, TEXT, 256, quant)  # no shared copies: a tuned checkpoint's worst case
+
+
+def where(card: int, ram: int, quant: str, device: str = "auto"):
+    need, twin = needs(quant)
     try:
-        p = preflight.plan(weight_bytes, device, ram=RAM, vram=vram_gb * GB, quant=quant)
-    except ValueError as exc:
-        return "refused", str(exc)
+        p = deviceplan.plan(need, device, quant=quant, twin=twin, **machine(card, ram))
+    except deviceplan.Refusal as exc:
+        return "refused", exc
     return ("gpu" if p.device_map == {"": 0} else "split" if p.device_map == "auto" else p.device), p
 
 
-@pytest.mark.parametrize("vram", sorted(TABLE))
-def test_device_plan_at_full_geometry(vram):
-    bf16, int4 = TABLE[vram]
-    assert where(BF16, vram, "none")[0] == bf16
-    got, detail = where(INT4, vram, "autoround")
-    assert got == int4
-    if got == "refused":  # never a GPU/CPU split for AutoRound: say what to do instead
-        assert "cannot be split between GPU and CPU" in detail and "choose device cpu" in detail
-    assert where(INT4, vram, "autoround", "cpu")[0] == "cpu"
-    if bf16 == "split":
-        plan = where(BF16, vram, "none")[1]
-        assert plan.max_memory == {0: int(vram * GB * preflight.HEADROOM), "cpu": int(RAM * preflight.HEADROOM)}
+def test_the_table_covers_every_card_and_ram():
+    assert set(TABLE) == set(CARDS) and all(set(row) == set(RAMS) for row in TABLE.values())
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize("ram", RAMS)
+def test_device_plan_at_full_geometry(card, ram):
+    for quant, expected in zip(("none", "autoround"), TABLE[card][ram]):
+        got, detail = where(card, ram, quant)
+        assert got == expected, (quant, str(detail))
+        if got == "split":
+            assert quant == "none" and detail.streamed > 0
+            assert "cross PCIe every step" in detail.note and "s per step" in detail.note
+            assert detail.max_memory[0] + detail.streamed >= detail.weight_bytes
+        if got == "gpu":
+            assert not detail.note
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize("ram", RAMS)
+@pytest.mark.parametrize("quant, device", [("none", "auto"), ("none", "cuda"), ("autoround", "auto"),
+                                           ("autoround", "cuda"), ("none", "cpu"), ("autoround", "cpu")])
+def test_every_refusal_names_routes_that_work_on_that_card(card, ram, quant, device):
+    got, detail = where(card, ram, quant, device)
+    if got != "refused":
+        return
+    text = str(detail)
+    assert "what works on this machine" in text and "a remote engine" in text
+    assert detail.routes[-1].quant == "remote"
+    for route in detail.routes[:-1]:
+        assert f"quant {route.quant} with device {route.device}" in text
+        assert "s per step" in route.cost if route.device != "cuda" else "whole on the GPU" in route.cost
+        assert (route.quant, route.device) != (quant, device)
+        assert where(card, ram, route.quant, route.device)[0] != "refused", route
+
+
+def test_a_24_gb_card_is_told_what_works_not_to_free_memory_it_does_not_have():
+    got, detail = where(24, 64, "autoround")
+    text = str(detail)
+    assert got == "refused" and "free GPU memory" not in text
+    assert "cannot be split between GPU and CPU" in text and "a 24.0 GiB card" in text
+    assert [(r.quant, r.device) for r in detail.routes] == [
+        ("autoround", "cpu"), ("none", "auto"), ("none", "cpu"), ("remote", "")]
+    assert "over PCIe every step" in detail.routes[1].cost
+
+
+def test_int4_fits_a_32_gb_card_with_the_step_it_runs():
+    need, _ = needs("autoround")
+    assert need.peak < 31 * GIB < need.peak + deviceplan.CUDA_RESERVE + GIB
+    assert where(32, 64, "autoround")[0] == "gpu"
+
+
+def test_kv_cache_per_context_token_at_the_real_geometry():
+    per_token = deviceplan.kv_bytes(TEXT, 1)
+    assert per_token == 2 * 2 * (25 * 8 * 256 + 5 * 2 * 512)  # K and V, bf16; sliding and full layers
+    beyond = deviceplan.kv_bytes(TEXT, 4096) - deviceplan.kv_bytes(TEXT, 4095)
+    assert beyond == 2 * 2 * 5 * 2 * 512  # past the window only the full layers grow

@@ -1,0 +1,191 @@
+"""Where a model goes, from what a run needs and the card's total and free memory, or a refusal with routes.
+
+A run needs more than its weights at rest: every stored copy while loading (an AutoRound model
+drops its duplicate encoder layers only after), then the resident weights plus one step's working
+memory (logit-sized temporaries over the vocabulary, self-conditioning, the prompt's KV cache).
+A refusal names the routes that do work on this machine, each with what it costs per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+RAM_HEADROOM = 0.9             # share of free RAM a plan may fill: the OS and ComfyUI need the rest
+CUDA_RESERVE = GIB // 2        # CUDA context and allocator slack beyond what `Need` counts
+PCIE_BYTES_PER_S = 25e9        # PCIe 4.0 x16 as measured by most hosts
+RAM_BYTES_PER_S = 40e9         # a desktop's memory bandwidth; a CPU step reads every weight at least once
+# One step's peak temporaries per (position x vocabulary entry), in bytes: the head's bf16 logits,
+# their float copy, the scheduler's scaled logits, log-normalised logits and probabilities, the kept
+# self-conditioning logits and the embedding mix they feed (calibrated on the real-vocabulary slice).
+STEP_BYTES_PER_LOGIT = 26
+LOAD_CONTEXT = 4096            # context tokens a load budgets for (its KV cache); a longer prompt needs more
+INT4_SHARE = 0.592             # the real AutoRound INT4 checkpoint's bytes over the bf16 model's
+
+
+@dataclass(frozen=True)
+class Need:
+    """Bytes a model holds: while loading (every stored copy), resident after loading, and one step."""
+
+    load: int
+    resident: int
+    step: int = 0
+
+    @property
+    def peak(self) -> int:
+        return max(self.load, self.resident + self.step)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where the weights go: one device, or a device_map with per-device budgets (offload)."""
+
+    device: str
+    device_map: object
+    max_memory: dict | None
+    weight_bytes: int
+    streamed: int = 0   # weight bytes that cross PCIe every step (a GPU/CPU split)
+
+    @property
+    def note(self) -> str:
+        """What the Loader and the progress text say about a split; empty when there is none."""
+        if not self.streamed:
+            return ""
+        return (f"split: {self.streamed / GIB:.1f} GiB of weights stay in CPU RAM and cross PCIe every step "
+                f"(at least {self.streamed / PCIE_BYTES_PER_S:.1f} s per step at 25 GB/s)")
+
+
+@dataclass(frozen=True)
+class Route:
+    """A load that works on this machine: quant and device, and its cost per step in words."""
+
+    quant: str
+    device: str
+    cost: str
+
+    def words(self) -> str:
+        if self.quant == "remote":
+            return f"a remote engine (`python -m serve` on a bigger GPU, through the Remote Loader; {self.cost})"
+        return f"quant {self.quant} with device {self.device} ({self.cost})"
+
+
+class Refusal(ValueError):
+    """A plan that cannot work here; `routes` are the loads that would."""
+
+    def __init__(self, problem: str, routes: list[Route]):
+        self.routes = tuple(routes)
+        super().__init__(f"{problem}; what works on this machine: " + "; or ".join(r.words() for r in routes))
+
+
+def step_bytes(text_config, canvas: int, context: int, batch: int = 1) -> int:
+    """One denoising step's working memory: logit-sized temporaries and the KV cache of `context` tokens."""
+    return batch * (STEP_BYTES_PER_LOGIT * canvas * text_config.vocab_size + kv_bytes(text_config, context))
+
+
+def kv_bytes(text_config, context: int, dtype_bytes: int = 2) -> int:
+    """The KV cache of `context` tokens: sliding layers keep at most their window, full layers every token."""
+    types = list(text_config.layer_types)
+    window = min(context, getattr(text_config, "sliding_window", None) or context)
+    total = 0
+    for i, kind in enumerate(types):
+        total += 2 * _kv_width(text_config, i, kind) * (context if kind == "full_attention" else window)
+    return dtype_bytes * total
+
+
+def _kv_width(text_config, i: int, kind: str) -> int:
+    """Key (or value) values per token in layer `i`: newer transformers keep them per layer."""
+    per_layer = getattr(text_config, "per_layer_config", None)  # absent before transformers 5.2x
+    if per_layer:
+        return per_layer[i].num_key_value_heads * per_layer[i].head_dim
+    if kind == "full_attention":
+        return ((getattr(text_config, "num_global_key_value_heads", None) or text_config.num_key_value_heads)
+                * (getattr(text_config, "global_head_dim", None) or text_config.head_dim))
+    return text_config.num_key_value_heads * text_config.head_dim
+
+
+def need_for(weights: int, text_config, canvas: int, quant: str, shared: int = 0) -> tuple[Need, Need]:
+    """(this checkpoint's Need, its twin's in the other quant mode, estimated from the real model's ratio)."""
+    step = step_bytes(text_config, canvas, LOAD_CONTEXT)
+    twin = int(weights / INT4_SHARE) if quant == "autoround" else int(weights * INT4_SHARE)
+    return Need(weights, weights - shared, step), Need(twin, twin, step)
+
+
+def plan(need: Need, device: str, *, ram: int, vram: int, total_vram: int = 0, quant: str = "none",
+         twin: Need | None = None) -> Plan:
+    """The placement for `device` (auto, cuda or cpu), or a Refusal naming the routes that work.
+
+    An AutoRound model is never split between GPU and CPU (accelerate's offload of its packed
+    layers fails inside from_pretrained); `twin` is the same model in the other quant mode, so a
+    refusal can name it.
+    """
+    placed, problem = _place(need, device, ram, vram, quant)
+    if placed is not None:
+        return placed
+    card = f" (a {_gib(total_vram)} card)" if total_vram and "GPU" in problem else ""
+    raise Refusal(problem + card, routes(need, ram, vram, quant, twin, skip=(quant, device)))
+
+
+def _place(need: Need, device: str, ram: int, vram: int, quant: str) -> tuple[Plan | None, str]:
+    """(the plan, "") or (None, what does not fit)."""
+    what = "AutoRound INT4 model" if quant == "autoround" else "model"
+    if device == "cpu" or (device == "auto" and not vram):
+        if need.peak <= ram * RAM_HEADROOM:
+            return Plan("cpu", None, None, need.load), ""
+        return None, f"the {what} needs {_gib(need.peak)} but only {_gib(ram)} of RAM is free"
+    if need.peak <= vram - CUDA_RESERVE:
+        return Plan("cuda", {"": 0}, None, need.load), ""
+    short = f"the {what} needs {_gib(need.peak)} on the GPU but it has {_gib(vram)} free"
+    if quant == "autoround":
+        return None, short + " and an AutoRound model cannot be split between GPU and CPU"
+    if device == "cuda":
+        return None, short + " and device cuda keeps it whole on the GPU"
+    split = _split(need, ram, vram)
+    if split is None:
+        return None, (f"the {what} needs {_gib(need.peak)} but GPU and RAM together have "
+                      f"{_gib(max(0, vram - CUDA_RESERVE) + ram * RAM_HEADROOM)} to spare")
+    return split, ""
+
+
+def _split(need: Need, ram: int, vram: int) -> Plan | None:
+    """bf16 across GPU and CPU RAM (device auto): the part past the GPU budget streams over PCIe."""
+    gpu = max(0, vram - CUDA_RESERVE - need.step)
+    on_cpu = need.load - gpu
+    if gpu <= 0 or on_cpu > ram * RAM_HEADROOM:
+        return None
+    budget = {0: int(gpu), "cpu": int(ram * RAM_HEADROOM)}
+    return Plan("cuda", "auto", budget, need.load, streamed=int(on_cpu))
+
+
+def routes(need: Need, ram: int, vram: int, quant: str, twin: Need | None, skip=()) -> list[Route]:
+    """Every load that fits here (this model or its twin, GPU whole, split, CPU), fastest first, then remote."""
+    found = []
+    for q, n in ((quant, need), (_other(quant), twin)):
+        if n is None:
+            continue
+        for device in ("cuda", "auto", "cpu"):
+            if (q, device) == tuple(skip):
+                continue
+            p, _ = _place(n, device, ram, vram, q)
+            if p is None or (device == "cuda" and not vram):
+                continue
+            if device == "auto" and not p.streamed:
+                continue  # the same as cuda: already listed
+            found.append(Route(q, device, _cost(p, n)))
+    found.append(Route("remote", "", "the remote GPU's speed, plus one round trip per block"))
+    return found
+
+
+def _cost(p: Plan, need: Need) -> str:
+    if p.streamed:
+        return f"{_gib(p.streamed)} over PCIe every step, at least {p.streamed / PCIE_BYTES_PER_S:.1f} s per step"
+    if p.device == "cpu":
+        return f"{_gib(need.peak)} of RAM, at least {need.resident / RAM_BYTES_PER_S:.1f} s per step"
+    return "whole on the GPU, the fastest"
+
+
+def _other(quant: str) -> str:
+    return "none" if quant == "autoround" else "autoround"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
