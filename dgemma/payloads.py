@@ -79,18 +79,33 @@ class CanvasState:
     blocks: int
     run_id: str = field(default="", compare=False)  # the same id as the run's trace and config
     paused: bool = False           # an advanced run stopped at its end_step with a block unfinished
+    pins_applied: tuple[int, ...] = ()     # pinned answer positions held on a canvas before the answer ended
+    pins_skipped: tuple[int, ...] = ()     # pinned positions the answer never reached: not in the text
+    blanks_unfilled: tuple[int, ...] = ()  # template blank positions left empty (answer ended, or padding/EOS)
     # What an advanced run needs to be continued exactly (dgemma/resume.py): tensors, memory only.
     resume: object = field(default=None, compare=False, repr=False)
 
     @property
     def finished_honestly(self) -> bool:
-        """The turn closed with a non-empty answer."""
-        return self.turn_closed and self.answer_tokens > 0
+        """The turn closed with a non-empty answer that holds every pin and fills every blank."""
+        return self.turn_closed and self.answer_tokens > 0 and not self.pins_skipped and not self.blanks_unfilled
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Readings that qualify the answer, in words."""
+        out = []
+        if self.pins_skipped:
+            out.append(f"{len(self.pins_skipped)} pin(s) never reached the answer (positions "
+                       f"{_span(self.pins_skipped)}): the answer ended before them")
+        if self.blanks_unfilled:
+            out.append(f"{len(self.blanks_unfilled)} blank position(s) left unfilled ({_span(self.blanks_unfilled)}):"
+                       " the answer ended there or the model put padding/end tokens in them")
+        return tuple(out)
 
     def asdict(self) -> dict:
         """The readout as plain values; the resume data is never part of it."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "resume"}
-        return {**values, "finished_honestly": self.finished_honestly}
+        return {**values, "finished_honestly": self.finished_honestly, "warnings": list(self.warnings)}
 
     def __str__(self) -> str:
         """What a text preview shows: the answer and the readings that qualify it."""
@@ -100,7 +115,7 @@ class CanvasState:
                  f"committed at the last step: {self.committed_fraction:.0%}",
                  f"{self.steps_used} steps in {self.blocks} block(s)",
                  f"thought: {_quote(self.thought) if self.thought is not None else 'none'}"]
-        return "\n".join(lines)
+        return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
 
 @dataclass(frozen=True)
@@ -116,28 +131,39 @@ class RunConfig:
     context: dict | None = field(default=None)  # provenance summary of an injected KV cache
     run_id: str = field(default="", compare=False)
     image: dict | None = field(default=None)    # the turn's images: count, sizes, content hash (no pixels)
+    advanced: dict | None = field(default=None)  # scheduler and its knobs, window, pins, the run resumed
 
     def __str__(self) -> str:
         k = self.knobs
         context = f"KV cache of {self.context['length']} tokens" if self.context else "none"
         images = f" · images: {self.image['count']}" if self.image else ""
+        a = self.advanced
+        extra = [] if a is None else [
+            f"scheduler {a['scheduler']} · window [{a['start_step']}, {a['end_step']}) · pins "
+            f"{_quote(a['pins']) if a['pins'] else 'none'}"
+            + (f" · resumed at block {a['resumed_from']['block'] + 1} step {a['resumed_from']['step']}"
+               if a["resumed_from"] and a["resumed_from"]["step"] is not None else "")]
         return "\n".join([
             f"prompt: {_quote(self.prompt)}",
             f"seed {k.seed} · {k.num_inference_steps} steps · T {k.t_max:g} → {k.t_min:g} · entropy_bound "
             f"{k.entropy_bound:g} · confidence {k.confidence:g} · gen_length {k.gen_length} · thinking "
             f"{'on' if k.thinking else 'off'}",
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
-            f"context: {context}{images}"])
+            f"context: {context}{images}", *extra])
 
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
                 "quant": self.quant, "device": self.device, "dtype": self.dtype,
-                "context": self.context, "image": self.image, "run_id": self.run_id}
+                "context": self.context, "image": self.image, "advanced": self.advanced, "run_id": self.run_id}
 
 
 def _quote(text: str, limit: int = 200) -> str:
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return '"' + text.replace("\n", "⏎") + '"'
+
+
+def _span(positions) -> str:
+    return f"{positions[0]}" if len(positions) == 1 else f"{positions[0]}..{positions[-1]}"
 
 
 def _yes(flag: bool) -> str:

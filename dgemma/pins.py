@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ class Pins:
     positions: np.ndarray  # (P,) int64 answer positions
     ids: np.ndarray        # (P,) int64 token ids
     source: str = ""
+    blanks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # a template's blank positions
 
     def __len__(self) -> int:
         return int(self.positions.size)
@@ -69,17 +70,44 @@ class Pins:
         return {"text": self.source, "positions": self.positions.tolist(), "ids": self.ids.tolist()}
 
 
-def _template(tokenizer, template: str) -> list[tuple[int, list[int]]]:
-    out, pos, at = [], 0, 0
+def _template(tokenizer, template: str) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """(pinned spans, blank positions) of a template."""
+    out, blanks, pos, at = [], [], 0, 0
     for m in BLANK.finditer(template):
         ids = literal_ids(tokenizer, _unescape(template[at:m.start()])) if m.start() > at else []
         out.append((pos, ids))
-        pos += len(ids) + (int(m.group(1)) if m.group(1) else len(m.group(0)))
+        width = int(m.group(1)) if m.group(1) else len(m.group(0))
+        blanks += range(pos + len(ids), pos + len(ids) + width)
+        pos += len(ids) + width
         at = m.end()
     tail = _unescape(template[at:])
     if tail:
         out.append((pos, literal_ids(tokenizer, tail)))
-    return out
+    return out, blanks
+
+
+@dataclass(frozen=True)
+class PinReport:
+    """Which pins reached the answer, which never did, and which blanks the answer left unfilled."""
+
+    applied: tuple[int, ...] = ()
+    skipped: tuple[int, ...] = ()
+    blanks_unfilled: tuple[int, ...] = ()
+
+
+def report(pins: Pins | None, raw_ids: list[int], end: int, special_ids) -> PinReport:
+    """Pins before `end` (where the answer ended, or the canvas that ran ended) applied; the rest skipped.
+
+    A blank is unfilled when the answer ended before it or the model left a special token (padding,
+    end of turn) in it.
+    """
+    if pins is None:
+        return PinReport()
+    limit = min(end, len(raw_ids))
+    special = set(special_ids)
+    unfilled = [int(p) for p in pins.blanks if p >= limit or raw_ids[p] in special]
+    return PinReport(tuple(int(p) for p in pins.positions if p < limit),
+                     tuple(int(p) for p in pins.positions if p >= limit), tuple(unfilled))
 
 
 def check_shape(text) -> tuple[list[tuple[int, str]], str] | None:
@@ -113,7 +141,7 @@ def parse(dm, text: str, positions_available: int) -> Pins | None:
     if shape is None:
         return None
     pairs, template = shape
-    spans = _template(dm.tokenizer, template) if template else []
+    spans, blanks = _template(dm.tokenizer, template) if template else ([], [])
     spans += [(p, literal_ids(dm.tokenizer, t)) for p, t in pairs]
     taken: dict[int, int] = {}
     for start, ids in spans:
@@ -128,4 +156,6 @@ def parse(dm, text: str, positions_available: int) -> Pins | None:
     if not taken:
         raise InputError("pins", "pins holds no text to pin (only blanks); type the text around the blanks")
     order = sorted(taken)
-    return Pins(np.array(order, np.int64), np.array([taken[p] for p in order], np.int64), text)
+    blanks = [p for p in blanks if p < positions_available and p not in taken]
+    return Pins(np.array(order, np.int64), np.array([taken[p] for p in order], np.int64), text,
+                np.array(blanks, np.int64))

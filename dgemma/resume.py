@@ -9,7 +9,7 @@ writes it. At the real vocabulary the self-conditioning logits alone are canvas 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -24,12 +24,12 @@ from .vision import image_record
 WINDOW_KNOBS: dict[str, KnobSpec] = {
     "start_step": KnobSpec(
         int, 0, 0, 1024, 1,
-        "First step of the schedule this node runs (0-based, per block). A fresh canvas starts from noise at this "
-        "point; with canvas_state it must be the step where that run paused."),
+        "Step (0-based) at which this node enters the schedule of its first block; later blocks start at 0. A "
+        "fresh canvas starts from noise there; with canvas_state it must be the step where that run paused."),
     "end_step": KnobSpec(
         int, 1024, 1, 1024, 1,
-        "The node pauses when a block reaches this step (exclusive) and hands on a resumable canvas_state; at or "
-        "past num_inference_steps it runs to the end."),
+        "Step (exclusive) at which the node pauses, in whichever block reaches it first, and hands on a resumable "
+        "canvas_state; at or past num_inference_steps it runs to the end."),
 }
 RESUMED_FIXED = ("gen_length", "num_inference_steps", "thinking")  # they shape the run; the rest may change
 
@@ -157,6 +157,14 @@ class Advanced:
 
     def scheduler(self, knobs: Knobs) -> tuple[str, dict]:
         return self.scheduling.diffusers_name, self.scheduling.config(knobs)
+
+    def record(self) -> dict:
+        """What a run config keeps to repeat this: scheduler and its knobs, window, pins, the run resumed."""
+        r = self.resume
+        origin = None if r is None else {"block": r.paused["block"] if r.paused else None,
+                                         "step": r.paused["step"] if r.paused else None}
+        return {**asdict(self.scheduling), "scheduler": self.scheduling.name, "start_step": self.start_step,
+                "end_step": self.end_step, "pins": self.pins, "resumed_from": origin}
 
 
 def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced, image=None) -> None:

@@ -16,6 +16,7 @@ from .excision import excise, thought_text
 from .knobs import Knobs
 from .loop import denoise_blocks, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
+from .pins import report as pin_report
 from .resume import Advanced, Resume, check_resume
 from .seeding import make_generator
 from .tokens import check_text, prompt_ids
@@ -107,7 +108,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     summary = context.summary() if context is not None else None
     run_id = uuid.uuid4().hex
     trace = recorder.finish(context=summary, run_id=run_id, scheduler=advanced.scheduler(knobs) if advanced else ())
-    state = read_state(dm, sequence[0].tolist(), trace)
+    state = read_state(dm, sequence[0].tolist(), trace, plan.pins if plan is not None else None)
     image_record = images.record if images is not None else resume.image if resume is not None else None
     if advanced is not None:
         paused = plan.paused if plan is not None and cache is not None else None
@@ -116,7 +117,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
                       generator.get_state() if paused else None, image=image_record)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
     config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
-                       **dm.describe())
+                       advanced=advanced.record() if advanced is not None else None, **dm.describe())
     new_context = None
     if advance_context and not state.paused and resume is None:
         held, seen = turn + list(state.raw_ids), (image_record,) if image_record else ()
@@ -134,9 +135,11 @@ def _start(dm, turn, images, context, knobs, resume):
     return cache, make_generator(knobs.seed, input_device(dm.model))
 
 
-def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace) -> CanvasState:
+def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace, pins=None) -> CanvasState:
     opened, closed = dm.channel_ids or (-1, -1)
     cut = excise(raw_ids, opened, closed, dm.eos_ids)
+    end = next((i for i, t in enumerate(raw_ids) if t in dm.eos_ids), len(raw_ids))
+    pinned = pin_report(pins, raw_ids, end, dm.tokenizer.all_special_ids)
     text = dm.tokenizer.decode(list(cut.answer), skip_special_tokens=True).strip()
     accepted = trace.accepted
     last_of_block = np.flatnonzero(np.diff(np.append(trace.blocks, -1)) != 0)
@@ -146,4 +149,5 @@ def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace) -> Canva
         text=text, raw_ids=tuple(raw_ids), answer_ids=cut.answer, thought=thought_text(dm.tokenizer, cut.thoughts),
         turn_closed=cut.turn_closed, answer_tokens=len(cut.answer), stray_thought_delimiter=cut.stray_delimiter,
         converged=converged, committed_fraction=float(accepted[-1].mean()) if len(trace) else 0.0,
-        steps_used=len(trace), blocks=trace.num_blocks, run_id=trace.run_id)
+        steps_used=len(trace), blocks=trace.num_blocks, run_id=trace.run_id, pins_applied=pinned.applied,
+        pins_skipped=pinned.skipped, blanks_unfilled=pinned.blanks_unfilled)

@@ -78,6 +78,7 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "image_present": config.image is not None, "image": config.image,
         "block_stopped_early": list(trace.block_stopped_early),
         "knob_sets": list(trace.knob_sets),  # the knobs in force; each frame names its set
+        "advanced": config.advanced,
     }
     out = [header]
     sets = trace.knob_index.tolist() if trace.knob_index is not None else [0] * len(trace)
@@ -87,7 +88,9 @@ def records(trace, config, state, frames_text) -> list[dict]:
                 "text": state.text, "converged": state.converged, "committed_fraction": state.committed_fraction,
                 "turn_closed": state.turn_closed, "answer_tokens": state.answer_tokens, "thought": state.thought,
                 "stray_thought_delimiter": state.stray_thought_delimiter,
-                "finished_honestly": state.finished_honestly, "paused": state.paused})
+                "finished_honestly": state.finished_honestly, "paused": state.paused,
+                "pins_applied": list(state.pins_applied), "pins_skipped": list(state.pins_skipped),
+                "blanks_unfilled": list(state.blanks_unfilled), "warnings": list(state.warnings)})
     return out
 
 

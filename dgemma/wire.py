@@ -82,10 +82,10 @@ def result_parts(data: dict, rows: list, canvas_length: int, token_strings):
     trace = recorder.finish(context=meta["context"], run_id=cfg["run_id"],
                             scheduler=(meta["scheduler_name"], meta["scheduler_settings"]))
     values = dict(data["state"])
-    for name in ("raw_ids", "answer_ids"):
-        values[name] = tuple(values[name])
+    for name in ("raw_ids", "answer_ids", "pins_applied", "pins_skipped", "blanks_unfilled"):
+        values[name] = tuple(values.get(name, ()))
     state = CanvasState(**values)
     config = RunConfig(prompt=cfg["prompt"], knobs=knobs, model_source=cfg["model_source"], quant=cfg["quant"],
                        device=cfg["device"], dtype=cfg["dtype"], context=cfg["context"], run_id=cfg["run_id"],
-                       image=cfg["image"])
+                       image=cfg["image"], advanced=cfg.get("advanced"))
     return state, trace, config, recorder.snapshot()

@@ -17,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
                                      "Serve the DiffusionGemma engine to MCP clients over stdio.")
     parser.add_argument("--model", default=None, help="model loaded on first use (default: the shipped demo "
                         "model); a checkpoint folder or a hub id; the load_model tool can change it")
+    parser.add_argument("--image-dir", action="append", default=None, help="a folder the image argument may "
+                        "name files under (repeatable; default: ./input)")
+    parser.add_argument("--max-paused", type=int, default=4, help="paused runs kept for resume; past it the "
+                        "oldest is freed (default: 4)")
     args = parser.parse_args(argv)
     try:
         import mcp.server.mcpserver  # noqa: F401
@@ -31,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     from diffusiongemma.mcp_server.engine import Engine
     from diffusiongemma.mcp_server.server import build_server
 
-    build_server(Engine(default_model=args.model or DEMO_NAME)).run()
+    engine = Engine(default_model=args.model or DEMO_NAME, max_paused=max(1, args.max_paused),
+                    image_dirs=tuple(args.image_dir or ("input",)))
+    build_server(engine).run()
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..dgemma.images import render_frames
@@ -15,9 +16,16 @@ FRAME_MS = 125     # 8 frames per second
 LAST_FRAME_MS = 2000  # rest on the answer
 
 
+def runlog_rows(dm, result) -> list[dict]:
+    return records(result.trace, result.config, result.state, frame_texts(result.trace, dm.token_strings))
+
+
+def runlog_text(dm, result) -> str:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in runlog_rows(dm, result))
+
+
 def write_runlog(dm, result, output_dir: Path) -> Path:
-    rows = records(result.trace, result.config, result.state, frame_texts(result.trace, dm.token_strings))
-    return write_jsonl(rows, output_dir, RUNLOG_PREFIX)
+    return write_jsonl(runlog_rows(dm, result), output_dir, RUNLOG_PREFIX)
 
 
 def write_gif(dm, result, output_dir: Path) -> Path:
@@ -35,8 +43,7 @@ def write_gif(dm, result, output_dir: Path) -> Path:
     return save_new(output_dir, GIF_PREFIX, ".gif", write)
 
 
-def write_outputs(dm, result, output_dir: str, runlog: bool, gif: bool) -> dict:
-    """Paths of the files asked for (None for the others); the folder defaults to ./output."""
-    folder = Path(output_dir or "output").expanduser().resolve()
+def write_outputs(dm, result, folder: Path, runlog: bool, gif: bool) -> dict:
+    """Paths of the files asked for (None for the others), in `folder` (checked by inputs.folder)."""
     return {"runlog": str(write_runlog(dm, result, folder)) if runlog else None,
             "gif": str(write_gif(dm, result, folder)) if gif else None}

@@ -1,34 +1,61 @@
-"""Per-step progress for agents: step, total, committed %, and the text so far."""
+"""Per-step progress for agents: step, an honest total, committed %, and the text so far.
+
+The total is the step budget known so far: the steps done, plus what the current block may still
+take, plus a full budget for each block still to come. It drops as soon as a frame shows that its
+block ended early (the adaptive stop fired) or that the answer ended (an end-of-turn token in a
+finished block), so a client's bar reaches its end with the last step.
+"""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 NOISE = "\u00b7"    # a position the scheduler has not accepted yet
 MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the text
 
 
 class StepMessages:
-    """Turns frames into progress messages; blocks already finished stay in the text."""
+    """Turns frames into (total, message); blocks already finished stay in the text."""
 
-    def __init__(self, dm, knobs):
+    def __init__(self, dm, knobs, steps_per_block: int, start: int = 0, end: int | None = None, first_block: int = 0):
         self.strings = dm.token_strings
+        self.eos = np.asarray(dm.eos_ids)
         self.blocks = math.ceil(knobs.gen_length / dm.canvas_length)  # as the engine splits gen_length
-        self.steps = knobs.num_inference_steps
-        self.total = self.blocks * self.steps  # an upper bound: the adaptive stop may end a block early
+        self.steps = steps_per_block
+        self.limit = min(end, steps_per_block) if end is not None else steps_per_block
+        self.block_start, self.block = start, first_block
+        self.done_before = 0       # steps of finished blocks
         self.finished: list[str] = []
         self.last = None
+        self.total = self._total()
+
+    def _total(self) -> int:
+        if self.limit < self.steps:  # the window pauses the run in this block
+            return self.done_before + self.limit - self.block_start
+        return self.done_before + self.steps - self.block_start + (self.blocks - 1 - self.block) * self.steps
 
     def text(self, frame, all_accepted: bool = False) -> str:
         return "".join(self.strings[i] if all_accepted or ok else NOISE
                        for i, ok in zip(frame.ids.tolist(), frame.accepted.tolist()))
 
-    def message(self, frame) -> str:
+    def update(self, frame, done: int) -> tuple[int, str]:
+        """(total, message) after `frame`, the `done`-th step of this call."""
         if self.last is not None and frame.block != self.last.block:
             self.finished.append(self.text(self.last, all_accepted=True))
+            self.done_before, self.block, self.block_start = done - 1, frame.block, 0
         self.last = frame
+        self.total = self._total()
+        pauses = self.limit < self.steps
+        block_ended = frame.step + 1 >= self.limit or bool(frame.stop.any())
+        if block_ended and (pauses and frame.step + 1 >= self.limit or frame.block + 1 >= self.blocks
+                            or np.isin(frame.ids, self.eos).any()):
+            self.total = done
+        elif block_ended:
+            self.total = done + (self.limit if pauses else (self.blocks - 1 - frame.block) * self.steps)
         text = "".join(self.finished) + self.text(frame)
         if len(text) > MAX_CHARS:
             text = "\u2026" + text[-MAX_CHARS:]
-        return (f"block {frame.block + 1}/{self.blocks} step {frame.step + 1}/{self.steps}, "
-                f"{100 * frame.committed_fraction:.0f}% committed: {text}")
+        return self.total, (f"block {frame.block + 1}/{self.blocks} step {frame.step + 1}/{self.steps}, "
+                            f"{100 * frame.committed_fraction:.0f}% committed: {text}")

@@ -1,60 +1,135 @@
-"""Tool parameters built from the engine's tables, so agents see the node widgets' ranges.
+"""Tool parameters built from the engine's tables, and the argument check every tool runs first.
 
-Every parameter is typed `Any` with its JSON schema attached: the schema advertises the type,
-default, range and tooltip, while the values reach the engine unchanged, so `Knobs` and the
-loader refuse bad input with the same messages the nodes show.
+The advertised input schema is written here by hand from `Arg`s (type, default, range, tooltip).
+The SDK's own argument model takes every value as `Any` with None for "not given", so the
+values reach `check_args` and then the engine unchanged: a bad argument is refused with the
+name, the value and the fix, like the nodes' refusals, never with raw pydantic text.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any
+from dataclasses import dataclass, field
+from typing import Any
 
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
-from pydantic import ConfigDict, Field, WithJsonSchema
+from mcp_types import ToolAnnotations
 
-from ..dgemma.knobs import KNOBS
+from ..dgemma.errors import InputError
+from ..dgemma.knobs import KnobSpec
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+JSON_INT_MAX = 2**53 - 1  # the largest integer every JSON client holds exactly
 
 
-def knob_schema(name: str) -> dict:
-    """JSON schema of one knob: type, default, range and the widget's tooltip."""
-    spec = KNOBS[name]
+@dataclass(frozen=True)
+class Arg:
+    """One tool argument: its name, advertised JSON schema, and whether it must be given."""
+
+    name: str
+    schema: dict = field(default_factory=dict)
+    required: bool = False
+
+    @property
+    def default(self):
+        return self.schema.get("default")
+
+
+def knob_arg(name: str, spec: KnobSpec) -> Arg:
+    """A knob as an argument: type, default, range and the widget's tooltip."""
     schema = {"type": _JSON_TYPES[spec.kind], "default": spec.default, "description": spec.tooltip}
     if spec.kind is not bool:
-        schema.update(minimum=spec.lo, maximum=spec.hi)
-    return schema
+        schema.update(minimum=spec.lo, maximum=min(spec.hi, JSON_INT_MAX) if spec.kind is int else spec.hi)
+    return Arg(name, schema)
 
 
-def param(name: str, schema: dict, default=inspect.Parameter.empty) -> inspect.Parameter:
-    """A keyword parameter whose advertised schema is `schema` and whose value passes unvalidated."""
-    annotation = Annotated[Any, WithJsonSchema({"title": name, **schema}), Field(description=schema.get("description"))]
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+def text_arg(name: str, description: str, default: str = "") -> Arg:
+    return Arg(name, {"type": "string", "default": default, "description": description})
 
 
-def knob_params() -> list[inspect.Parameter]:
-    return [param(name, knob_schema(name), spec.default) for name, spec in KNOBS.items()]
+def flag_arg(name: str, description: str) -> Arg:
+    return Arg(name, {"type": "boolean", "default": False, "description": description})
 
 
-def choice_schema(choices, default: str, description: str) -> dict:
-    return {"type": "string", "enum": list(choices), "default": default, "description": description}
+def choice_arg(name: str, choices, default: str, description: str) -> Arg:
+    return Arg(name, {"type": "string", "enum": list(choices), "default": default, "description": description})
 
 
-def with_params(fn: Callable, params: list[inspect.Parameter]) -> Callable:
-    """Give `fn` (which takes **kwargs) the signature the SDK reads to build the tool's schema."""
+def input_schema(args: list[Arg]) -> dict:
+    return {"type": "object", "properties": {a.name: {"title": a.name, **a.schema} for a in args},
+            "required": [a.name for a in args if a.required], "additionalProperties": False}
+
+
+def _kind(value) -> str:
+    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def check_value(name: str, value, schema: dict) -> None:
+    """Refuse a value whose JSON type (or choice) is not the advertised one; numbers go to the engine."""
+    kind = schema.get("type")
+    if kind == "boolean" and not isinstance(value, bool):
+        raise InputError(name, f"{name} must be true or false (a JSON boolean), got {value!r} ({_kind(value)}); "
+                               "pass true or false without quotes")
+    if kind == "string" and not isinstance(value, str):
+        raise InputError(name, f"{name} must be a string, got {value!r} ({_kind(value)}); pass it as text")
+    if "enum" in schema and value not in schema["enum"]:
+        raise InputError(name, f"{name} must be one of {', '.join(map(str, schema['enum']))}, got {value!r}")
+    if kind in ("integer", "number") and (isinstance(value, (bool, str, list, dict)) or value is None):
+        raise InputError(name, f"{name} must be a number, got {value!r} ({_kind(value)}); pass a number such as "
+                               f"the default {schema.get('default')}")
+
+
+def check_args(tool: str, args: list[Arg], given: dict) -> None:
+    """Unknown names, missing required arguments and wrong JSON types, each named with its fix."""
+    known = {a.name: a for a in args}
+    for name, value in given.items():
+        if name not in known:
+            raise InputError(name, f"{name} is not an argument of {tool} (got {value!r}); its arguments are "
+                                   f"{', '.join(known) or 'none'}")
+    for a in args:
+        if a.required and a.name not in given:
+            raise InputError(a.name, f"{a.name} is required by {tool}; {a.schema.get('description', '')}")
+        if a.name in given and "type" in a.schema:
+            check_value(a.name, given[a.name], a.schema)
+
+
+class CheckedTool(Tool):
+    """A Tool that checks the raw arguments against its own `Arg`s before the SDK sees them."""
+
+    args: list[Arg] = []
+
+    async def run(self, arguments, context, convert_result: bool = False):
+        try:
+            check_args(self.name, self.args, arguments)
+        except InputError as err:
+            raise ToolError(f"Error executing tool {self.name}: {err}") from err
+        return await super().run(arguments, context, convert_result)
+
+
+def make_tool(fn: Callable, args: list[Arg], output, annotations: ToolAnnotations) -> CheckedTool:
+    """The tool for `fn` (which takes **kwargs): every argument passed as given, None when absent.
+
+    `output` is the pydantic model of the structured result (the tool's output schema), or
+    `Annotated[CallToolResult, Model]` for a tool that also returns content blocks.
+    """
     ctx = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    fn.__signature__ = inspect.Signature(ctx + params, return_annotation=dict[str, Any])
-    return fn
-
-
-def strict_tool(fn: Callable) -> Tool:
-    """The SDK's Tool for `fn`, refusing arguments it does not know: a misspelled knob is an error,
-    not a silent default."""
-    tool = Tool.from_function(fn)
-    loose = tool.fn_metadata.arg_model
-    strict = type(loose.__name__, (loose,), {"model_config": ConfigDict(**loose.model_config, extra="forbid")})
-    tool.fn_metadata.arg_model = strict
-    tool.parameters = strict.model_json_schema(by_alias=True)
+    params = [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Any) for a in args]
+    fn.__signature__ = inspect.Signature(ctx + params, return_annotation=output)
+    tool = CheckedTool.from_function(fn, description=description(fn.__doc__ or ""), annotations=annotations,
+                                     structured_output=True)
+    tool.args = list(args)
+    tool.parameters = input_schema(args)
     return tool
+
+
+def given(args: list[Arg], values: dict) -> dict:
+    """The arguments with defaults filled in for those not given (None)."""
+    return {a.name: a.default if values.get(a.name) is None else values[a.name] for a in args}
+
+
+def description(text: str) -> str:
+    """A docstring as one paragraph: no runs of spaces from its indentation."""
+    return " ".join(inspect.cleandoc(text).split())

@@ -1,33 +1,34 @@
-"""The MCP tools over the engine: load_model, model_status, generate, encode, cancel_run.
+"""The MCP tools over the engine: load_model, model_status, generate, encode, cancel_run, free_handle.
 
 The engine is synchronous torch code, so each call runs in a worker thread; progress goes back
 to the event loop per step, and cancel_run flips the run's cancel switch, which the engine checks
-before every step.
+before every step. Each run's log is a resource (`dgemma://runs/{run_id}/runlog.jsonl`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.tools import Tool
+from mcp_types import CallToolResult, Resource, ToolAnnotations
 
-from ..dgemma.demo import DEMO_NAME
-from ..dgemma.knobs import KNOBS, Knobs
-from ..dgemma.loading import DEVICES, DTYPES
 from ..dgemma.loop import Cancelled
-from ..dgemma.quant import QUANTS
 from ..dgemma.runlog import pack_version
+from .args import encode_args, generate_args, loader_args
 from .engine import Engine
-from .outputs import write_outputs
-from .progress import StepMessages
-from .schemas import choice_schema, knob_params, param, strict_tool, with_params
+from .inputs import folder, image
+from .outputs import runlog_text, write_outputs
+from .readout import RUNLOG_URI, content, generate_out, progress_of, refusals, request
+from .results import CancelOut, EncodeOut, FreeOut, GenerateOut, StatusOut
+from .schemas import Arg, given, make_tool
 
-HIDDEN_STATE = ("raw_ids", "answer_ids")  # ids are long and the text already says them
+READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
 
 
 async def in_thread(engine: Engine, fn):
@@ -41,105 +42,116 @@ async def in_thread(engine: Engine, fn):
         raise ToolError(str(exc)) from exc
 
 
-def loader_params() -> list:
-    return [
-        param("model", {"type": "string", "default": DEMO_NAME, "description":
-                        f"'{DEMO_NAME}' (the tiny model shipped with the pack), a checkpoint folder holding "
-                        "config.json, or a hub id such as 'google/diffusiongemma-26B-A4B-it'."}, DEMO_NAME),
-        param("quant", choice_schema(QUANTS, "none", "none: the checkpoint's own dtype; autoround: a pre-quantized "
-                                     "AutoRound INT4 checkpoint (needs auto-round)."), "none"),
-        param("device", choice_schema(DEVICES, "auto", "auto: the GPU when there is one, offloading to CPU RAM "
-                                      "when VRAM is short; cuda: all on the GPU; cpu: all on the CPU."), "auto"),
-        param("dtype", choice_schema(DTYPES, "auto", "Weight dtype; auto keeps the checkpoint's own."), "auto"),
-        param("local_files_only", {"type": "boolean", "default": False, "description":
-                                   "Never contact the hub: load a hub id only from the local HF cache."}, False),
-    ]
-
-
-def text(description: str) -> dict:
-    return {"type": "string", "default": "", "description": description}
-
-
-def generate_params() -> list:
-    return [
-        param("prompt", text("The user turn, rendered through the model's chat template. May be empty when a "
-                             "context is given (pure injection).")),
-        param("context", text("Optional raw CONTEXT text (no chat framing), encoded for this run before the "
-                              "turn; with context_handle it continues that context."), ""),
-        param("context_handle", text("Optional handle from the encode tool; the encoded context is never "
-                                     "modified by the run."), ""),
-        *knob_params(),
-        param("runlog", {"type": "boolean", "default": False, "description":
-                         "Also write the run as a dg-runlog/1 JSON Lines file; its path is returned."}, False),
-        param("gif", {"type": "boolean", "default": False, "description":
-                      "Also write every step as an animated GIF; its path is returned."}, False),
-        param("output_dir", text("Folder for the run log and GIF (default: ./output of the server)."), ""),
-    ]
-
-
-def readout(result) -> dict:
-    state = {k: v for k, v in result.state.asdict().items() if k not in HIDDEN_STATE}
-    return {"cancelled": False, "text": result.text, "canvas_state": state, "config": result.config.asdict()}
-
-
 def generate_tool(engine: Engine) -> Tool:
-    async def generate(ctx: Context, **args) -> dict[str, Any]:
+    args = generate_args()
+
+    async def generate(ctx: Context, **values) -> Annotated[CallToolResult, GenerateOut]:
         """Generate an answer by block diffusion, reporting every step (step, total, committed %, text so far).
 
-        Returns the text and the honesty readout (canvas_state); a run stopped by cancel_run returns
-        cancelled=true and the steps it did. Optionally writes a dg-runlog/1 run log and a GIF.
+        Takes an image, a scheduler and its knobs, pins, and a window [start_step, end_step): a run
+        that pauses returns paused_handle, kept by the server, which resume continues exactly.
+        Returns the text and the honesty readout (canvas_state); the run log is a resource; gif
+        adds the frames as image content. A run stopped by cancel_run returns cancelled=true.
         """
-        knobs = {name: args[name] for name in KNOBS}
+        v = given(args, values)
+        with refusals():
+            req = request(engine, v, values, image(v["image"], engine.image_dirs) if v["image"] else None)
+            out_dir = folder(v["output_dir"])  # refused before the run, not after it
         messages = None
 
         def on_frame(frame, done):
             nonlocal messages
-            if messages is None:  # the knobs are valid and the model loaded once frames arrive
-                messages = StepMessages(engine.dm, Knobs(**knobs))
-            anyio.from_thread.run(ctx.report_progress, done, messages.total, messages.message(frame))
+            if messages is None:  # the inputs are valid and the model loaded once frames arrive
+                messages = progress_of(engine, req)
+            total, text = messages.update(frame, done)
+            anyio.from_thread.run(ctx.report_progress, done, total, text)
 
         def work():
             try:
-                dm, result = engine.generate(args["prompt"], knobs, args["context"], args["context_handle"],
-                                             on_frame=on_frame)
+                dm, result, handle = engine.generate(req, on_frame=on_frame)
             except Cancelled as exc:
-                return {"cancelled": True, "steps_done": exc.steps_done, "message": str(exc)}
-            return {**readout(result), **write_outputs(dm, result, args["output_dir"], args["runlog"], args["gif"])}
+                out = GenerateOut(cancelled=True, steps_done=exc.steps_done, message=str(exc))
+                return CallToolResult(content=content(out), structured_content=out.model_dump(mode="json"))
+            return content_result(dm, result, handle, out_dir, v)
 
         return await in_thread(engine, work)
 
-    return strict_tool(with_params(generate, generate_params()))
+    return make_tool(generate, args, Annotated[CallToolResult, GenerateOut],
+                     ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                     open_world_hint=False))
+
+
+def content_result(dm, result, handle, out_dir: Path, v: dict) -> CallToolResult:
+    files = write_outputs(dm, result, out_dir, v["runlog"], v["gif"])
+    out = generate_out(result, handle, files)
+    return CallToolResult(content=content(out, files["gif"]), structured_content=out.model_dump(mode="json"))
 
 
 def model_tools(engine: Engine) -> list[Tool]:
-    async def load_model(**args) -> dict[str, Any]:
-        """Load a DiffusionGemma model (the shipped demo, a checkpoint folder or a hub id), replacing the
-        loaded one; contexts encoded with the old model are dropped. Returns model_status."""
-        return await in_thread(engine, lambda: engine.load(**args))
+    largs = loader_args()
 
-    async def model_status() -> dict[str, Any]:
-        """What is loaded (source, quant, device, dtype), its memory, the run in progress and the context handles."""
+    async def load_model(**values) -> StatusOut:
+        """Load a DiffusionGemma model (the shipped demo, a checkpoint folder or a hub id), replacing the loaded
+        one; contexts and paused runs of the old model are dropped. Returns model_status."""
+        v = given(largs, values)
+        return await in_thread(engine, lambda: engine.load(**v))
+
+    async def model_status() -> StatusOut:
+        """What is loaded (source, quant, device, dtype), its memory, the run in progress, the context handles and
+        the paused runs the server holds."""
         return engine.status()
 
-    async def cancel_run() -> dict[str, Any]:
+    async def cancel_run() -> CancelOut:
         """Stop the generate or encode run in progress before its next step; that call then reports cancelled."""
         return engine.cancel()
 
-    return [strict_tool(with_params(load_model, loader_params())), strict_tool(model_status),
-            strict_tool(cancel_run)]
+    fargs = [Arg("handle", {"type": "string", "description": "A context handle (ctx-...) or a paused run's "
+                                                             "handle (run-...)."}, required=True)]
+
+    async def free_handle(**values) -> FreeOut:
+        """Free a context handle or a paused run the server holds, releasing its memory."""
+        return engine.free(values["handle"])
+
+    destructive = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                                  open_world_hint=False)
+    return [make_tool(load_model, largs, StatusOut, ToolAnnotations(
+                read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True)),
+            make_tool(model_status, [], StatusOut, READ_ONLY),
+            make_tool(cancel_run, [], CancelOut, destructive),
+            make_tool(free_handle, fargs, FreeOut, destructive)]
 
 
 def encode_tool(engine: Engine) -> Tool:
-    async def encode(**args) -> dict[str, Any]:
-        """Encode raw CONTEXT text (no chat framing) into a KV cache held by the server; returns a handle for
-        generate's context_handle. With onto, continues that context into a new handle; none is ever modified."""
-        return await in_thread(engine, lambda: engine.encode(args["text"], args["onto"]))
+    args = encode_args()
 
-    return strict_tool(with_params(encode, [
-        param("text", {"type": "string", "description": "Raw CONTEXT, encoded as is: a document, a prior turn."}),
-        param("onto", {"type": "string", "default": "", "description":
-                       "Optional handle of a context to continue with this text."}, ""),
-    ]))
+    async def encode(**values) -> EncodeOut:
+        """Encode raw CONTEXT text (no chat framing), and optionally an image, into a KV cache held by the
+        server; returns a handle for generate's context_handle. With onto, continues that context into a new
+        handle; none is ever modified."""
+        v = given(args, values)
+        with refusals():
+            picture = image(v["image"], engine.image_dirs) if v["image"] else None
+        return await in_thread(engine, lambda: engine.encode(v["text"], v["onto"], picture))
+
+    return make_tool(encode, args, EncodeOut, ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                                              idempotent_hint=False, open_world_hint=False))
+
+
+def add_runlogs(srv: MCPServer, engine: Engine) -> None:
+    @srv.resource(RUNLOG_URI, name="runlog", mime_type="application/jsonl",
+                  description="The dg-runlog/1 log (JSON Lines) of one of the last runs this server made.")
+    def runlog(run_id: str) -> str:
+        if run_id not in engine.runs:
+            raise ResourceError(f"run {run_id!r} is not held: the server keeps the last runs only; write the log "
+                                "to a file with generate's runlog=true")
+        return runlog_text(*engine.runs[run_id])
+
+    async def held_runlogs():  # resources/list names the logs held now, not only the template
+        return [Resource(uri=RUNLOG_URI.format(run_id=run_id), name=f"runlog {run_id}",
+                         mime_type="application/jsonl", description=f"dg-runlog/1 log of run {run_id}")
+                for run_id in list(engine.runs)]
+
+    srv.list_resources = held_runlogs
 
 
 def build_server(engine: Engine | None = None) -> MCPServer:
@@ -149,5 +161,9 @@ def build_server(engine: Engine | None = None) -> MCPServer:
         "DiffusionGemma, a discrete-diffusion text model. generate answers a prompt and reports every denoising "
         "step; encode makes a reusable context handle; one run at a time (a second is refused, not queued)."),
         tools=[*model_tools(engine), encode_tool(engine), generate_tool(engine)])
+    add_runlogs(srv, engine)
+    for method in ("prompts/list", "prompts/get"):  # no prompts to serve: do not advertise the capability
+        srv._lowlevel_server._request_handlers.pop(method, None)
     srv.engine = engine  # for tests and embedding
     return srv
+

@@ -34,7 +34,7 @@ class DGemmaRunLogWriter:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, filename_prefix=None, **_):
+    def VALIDATE_INPUTS(cls, filename_prefix=None):
         """Refuse a bad prefix before anything runs (ComfyUI calls this while validating the prompt)."""
         for prefix in filename_prefix or ():
             try:

@@ -12,6 +12,7 @@ from .events import DONE, START, STEP, StepStream
 from .schema import (
     CATEGORY,
     KV_CACHE,
+    RESUME_HINTS,
     SAMPLER_OUTPUTS,
     comfy_hints,
     context_input,
@@ -19,7 +20,6 @@ from .schema import (
     knob_inputs,
     model_input,
     output_spec,
-    validate_knobs,
 )
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
@@ -30,7 +30,8 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
 def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
     engine = backend_of(model)  # this process's engine, or a remote model's server
-    with comfy_hints():
+    resuming = advanced is not None and advanced.resume is not None
+    with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
@@ -93,10 +94,6 @@ class DGemmaSampler:
             "optional": {"image": image_input()},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, **inputs):
-        return validate_knobs(inputs)
 
     def sample(self, model, prompt, image=None, unique_id=None, **knobs):
         return run_node(unique_id, model, prompt, image=image, **knobs)

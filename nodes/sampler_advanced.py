@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import check_knob
 from ..dgemma.payloads import CanvasState
 from ..dgemma.pins import check_shape
-from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_window
+from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
 from .schema import (
     CANVAS_STATE,
+    RESUME_HINTS,
     SAMPLER_OUTPUTS,
     comfy_hints,
     context_input,
     image_input,
     knob_inputs,
     output_spec,
-    validate_knobs,
 )
 
 PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
@@ -51,10 +50,11 @@ def resume_of(canvas_state):
 class DGemmaSamplerAdvanced(DGemmaSampler):
     FUNCTION = "sample_advanced"
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(ADVANCED_OUTPUTS)
-    DESCRIPTION = ("The Sampler with a choice of scheduler, a window [start_step, end_step) of each block's "
-                   "schedule (like KSamplerAdvanced), pins that hold text in place (infilling), and a canvas_state "
-                   "that the next Advanced sampler resumes exactly: two chained windows give the same tokens, "
-                   "frames and steps as one run. Knobs may change between windows; each frame records them.")
+    DESCRIPTION = ("The Sampler with a choice of scheduler, a window [start_step, end_step) of the schedule (like "
+                   "KSamplerAdvanced: it enters the first block at start_step, pauses at end_step), pins that "
+                   "hold text in place (infilling), and a canvas_state that the next Advanced sampler resumes "
+                   "exactly: two chained windows give the same tokens, frames and steps as one run. Knobs may "
+                   "change between windows; each frame records them.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -74,25 +74,21 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         return spec
 
     @classmethod
-    def VALIDATE_INPUTS(cls, start_step=None, end_step=None, pins=None, **inputs):
-        """The knobs, the window and the pins' shape, checked before any node of the prompt runs."""
+    def VALIDATE_INPUTS(cls, pins=None):
+        """The pins' shape, checked before any node of the prompt runs; it names only `pins`, so ComfyUI
+        keeps its own range and choice checks for every other input (the window is checked at run start)."""
         try:
-            window = {"start_step": start_step, "end_step": end_step}
-            for name, value in [*window.items(), *((n, inputs[n]) for n in SCHEDULER_KNOBS if n in inputs)]:
-                if value is not None:
-                    check_knob(name, value, {**WINDOW_KNOBS, **SCHEDULER_KNOBS})
-            if None not in window.values():
-                check_window(start_step, end_step)
             if pins is not None:
                 check_shape(pins)
         except InputError as err:
             return str(err)
-        return validate_knobs(inputs)
+        return True
 
     def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
                         canvas_state=None, image=None, unique_id=None, **knobs):
         own = {k: knobs.pop(k) for k in list(knobs) if k in SCHEDULER_KNOBS}
-        with comfy_hints():
+        with comfy_hints(RESUME_HINTS):
             resume = resume_of(canvas_state)
+        with comfy_hints():
             advanced = Advanced(Scheduling(scheduler, **own), start_step, end_step, pins, resume)
         return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, image=image, **knobs)

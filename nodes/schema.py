@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS, Knobs, check_knob
+from ..dgemma.knobs import KNOBS
 
 CATEGORY = "DiffusionGemma"
 MODEL = "DGEMMA_MODEL"
@@ -63,13 +63,22 @@ HINTS = {
 }
 
 
+# What to wire when resuming refuses: the fix is in the resuming Advanced sampler, not elsewhere.
+RESUME_HINTS = {
+    "prompt": "give this sampler the same prompt as the Advanced sampler whose canvas_state it resumes",
+    "context": "wire the same kv_cache (or none) into both Advanced samplers",
+    "canvas_state": "wire the canvas_state output of another DGemmaSamplerAdvanced",
+    "model": "wire the same DGemmaLoader into both Advanced samplers",
+}
+
+
 @contextmanager
-def comfy_hints():
-    """Add the ComfyUI wiring hint to an engine InputError raised inside the block."""
+def comfy_hints(hints: dict | None = None):
+    """Add the ComfyUI wiring hint (from `hints`, default HINTS) to an engine InputError raised inside."""
     try:
         yield
     except InputError as err:
-        hint = HINTS.get(err.name)
+        hint = (HINTS if hints is None else hints).get(err.name)
         if hint is None:
             raise
         raise InputError(err.name, f"{err} (in ComfyUI: {hint})") from None
@@ -77,22 +86,6 @@ def comfy_hints():
 
 def model_input() -> tuple:
     return (MODEL, {"tooltip": "A loaded DiffusionGemma model (from DGemmaLoader)."})
-
-
-def validate_knobs(inputs: dict):
-    """VALIDATE_INPUTS for knob widgets: the engine's checks on the constants ComfyUI has before running.
-
-    ComfyUI's own range check lets NaN through; this refuses it, with the engine's message.
-    """
-    try:
-        given = {name: inputs[name] for name in KNOBS if inputs.get(name) is not None}  # None: a link
-        for name, value in given.items():
-            check_knob(name, value)
-        if len(given) == len(KNOBS):
-            Knobs(**given)
-    except InputError as err:
-        return str(err)
-    return True
 
 
 IMAGE_TOOLTIP = ("Optional picture(s) the model reads through its vision encoder, before the text of the turn; "

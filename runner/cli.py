@@ -39,7 +39,8 @@ def _print_event(event: str, data: dict) -> None:
 
 def _report(graph: dict, uis: dict) -> None:
     for node_id, ui in uis.items():
-        print(f"[{node_id}] {graph[node_id]['class_type']}")
+        title = graph[node_id].get("_meta", {}).get("title")
+        print(f"[{node_id}] {graph[node_id]['class_type']}" + (f" ({title})" if title else ""))
         for key, values in ui.items():
             for value in values:
                 text = value if isinstance(value, str) else describe(value)

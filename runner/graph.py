@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 ANY = "*"
@@ -105,7 +106,9 @@ def _custom_validation(node_id: str, cls, inputs: dict) -> list[str]:
     check = getattr(cls, "VALIDATE_INPUTS", None)
     if check is None:
         return []
-    constants = {n: ([v] if getattr(cls, "INPUT_IS_LIST", False) else v) for n, v in inputs.items() if not is_link(v)}
+    declared = inspect.getfullargspec(check).args  # like ComfyUI: the check sees only the inputs it names
+    constants = {n: ([v] if getattr(cls, "INPUT_IS_LIST", False) else v) for n, v in inputs.items()
+                 if not is_link(v) and n in declared}
     verdict = check(**constants)
     return [] if verdict is True else [f"node {node_id} ({cls.__name__}): {verdict}"]
 

@@ -226,8 +226,12 @@ def test_node_chain_equals_one_node_and_the_view_resumes(tiny_model):
     plain, _ = call(NODE_CLASS_MAPPINGS["DGemmaSampler"], **{k: v for k, v in base.items()
                                                             if k not in ("scheduler", "pins", "start_step",
                                                                          "end_step")})
-    with pytest.raises(InputError, match="keep no resume data"):
+    with pytest.raises(InputError, match="keep no resume data") as info:
         call(cls, **{**base, "start_step": 4, "canvas_state": plain[1]})
+    assert "from the same sampler node" not in str(info.value)  # the run-log writer's fix, not this node's
+    with pytest.raises(InputError, match="give this sampler the same prompt as the Advanced sampler") as info:
+        call(cls, **{**base, "prompt": "Another turn.", "start_step": 4, "canvas_state": first[1]})
+    assert "DGemmaEncode" not in str(info.value)  # the plain-prompt hint does not apply to resuming
 
 
 @pytest.mark.parametrize("k", [1, 4])

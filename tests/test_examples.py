@@ -106,7 +106,12 @@ def test_templates_open_readable_in_a_1600_by_1000_window(path):
     left, top, right, bottom = ui_workflow.bounds(workflow)
     assert scale >= 0.8 and (left, top) == (0, 0)
     assert right * scale <= ui_workflow.WINDOW[0] and bottom * scale <= ui_workflow.WINDOW[1]
-    assert view["offset"][0] + ui_workflow.WINDOW[0] <= 1600 and view["offset"][1] + ui_workflow.WINDOW[1] <= 1000
+    assert view["offset"][0] + ui_workflow.WINDOW[0] <= 1600 and view["offset"][1] + bottom * scale <= 130 + \
+        ui_workflow.WINDOW[1]  # WINDOW was measured from an offset of 130
+    for n in workflow["nodes"]:  # clear of the floating Run toolbar
+        right = view["offset"][0] + (n["pos"][0] + n["size"][0]) * scale
+        title_top = view["offset"][1] + (n["pos"][1] - TITLE) * scale
+        assert right <= ui_workflow.TOOLBAR[0] or title_top >= ui_workflow.TOOLBAR[1], (n["type"], n["pos"])
     boxes = [(n["pos"][0], n["pos"][1] - TITLE, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
              for n in workflow["nodes"]]
     for i, a in enumerate(boxes):

@@ -81,3 +81,21 @@ def test_the_browser_fixture_is_what_the_node_sends(tiny_model):
     again = recorder.record(tiny_model, fixture["seed"], start["steps"], start["blocks"], cold=True)
     assert json.loads(json.dumps(again, ensure_ascii=False)) == fixture["events"], \
         "the events changed: re-record with python tests/browser/record_events.py"
+
+
+def test_runlog_replay_as_apng_or_webp_is_pixel_identical(demo_model, tmp_path):
+    from PIL import Image, ImageSequence
+
+    result = generate(demo_model, "What is 2+5?", Knobs(seed=3, gen_length=96))
+    frames = frame_texts(result.trace, demo_model.token_strings)
+    log = write_jsonl(records(result.trace, result.config, result.state, frames), tmp_path, "run")
+    spec = importlib.util.spec_from_file_location("runlog_gif", REPO / "tools" / "runlog_gif.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    want = images.render_frames(result.trace, demo_model.token_strings)
+    distinct = [f for i, f in enumerate(want) if i == 0 or not np.array_equal(f, want[i - 1])]
+    for name in ("run.png", "run.webp"):
+        assert tool.main([str(log), str(tmp_path / name)]) == 0
+        with Image.open(tmp_path / name) as anim:
+            got = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(anim)]
+        assert len(got) == len(distinct) and all(np.array_equal(a, b) for a, b in zip(got, distinct)), name

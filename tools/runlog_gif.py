@@ -1,9 +1,11 @@
-"""Turn a `dg-runlog/1` run log into an animated GIF of its frames, without ComfyUI or a model.
+"""Turn a `dg-runlog/1` run log into an animation of its frames, without ComfyUI or a model.
 
-    python tools/runlog_gif.py run.jsonl out.gif [--fps 8]
+    python tools/runlog_gif.py run.jsonl out.png|out.webp|out.gif [--fps 8]
 
-The log is replayed into the trace it records and painted by the pack's frame renderer, so the
-GIF's frames are pixel-identical to the run's `images`.
+The log is replayed into the trace it records and painted by the pack's frame renderer. An APNG
+(.png) or a lossless WebP (.webp) holds the run's `images` pixel for pixel (a step that repeats the
+one before is shown for both steps' time); a GIF holds 256 colours, so its frames are close, not
+identical.
 """
 
 from __future__ import annotations
@@ -19,20 +21,25 @@ load_pack()
 from diffusiongemma.dgemma.images import render_frames  # noqa: E402
 from diffusiongemma.dgemma.runlog import read_log, replay  # noqa: E402
 
+FORMATS = {".png": ("PNG", {}), ".webp": ("WEBP", {"lossless": True}), ".gif": ("GIF", {})}
+
 
 def write_gif(frames, out: Path, fps: float) -> None:
+    """Write the frames as an animation in the format the suffix names (.png, .webp lossless, .gif)."""
     from PIL import Image
 
+    fmt, options = FORMATS.get(out.suffix.lower(), FORMATS[".gif"])
     pictures = [Image.fromarray(f) for f in frames]
     step_ms = max(20, round(1000 / fps))
     durations = [step_ms] * (len(pictures) - 1) + [max(step_ms, 2000)]  # rest on the answer
-    pictures[0].save(out, "GIF", save_all=True, append_images=pictures[1:], duration=durations, loop=0)
+    pictures[0].save(out, fmt, save_all=True, append_images=pictures[1:], duration=durations, loop=0, **options)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Render a dg-runlog/1 run log as an animated GIF.")
+    parser = argparse.ArgumentParser(description="Render a dg-runlog/1 run log as an animation.")
     parser.add_argument("log", type=Path, help="the run log (.jsonl) written by DGemmaRunLogWriter")
-    parser.add_argument("out", type=Path, help="the GIF to write")
+    parser.add_argument("out", type=Path, help="the file to write: .png (APNG) or .webp are lossless, "
+                        ".gif has 256 colours")
     parser.add_argument("--fps", type=float, default=8.0, help="frames per second (default 8)")
     args = parser.parse_args(argv)
     if not 0 < args.fps <= 50:

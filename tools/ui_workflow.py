@@ -26,7 +26,10 @@ from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_
 # scale (>= 0.8), so it opens readable without zooming.
 WINDOW = (1480, 780)
 MINIMAP = (1250, 600)
-VIEW = {"scale": 1.0, "offset": [80, 130]}  # where it opens: below the Run bar, right of the sidebar
+# The floating Run toolbar (and the progress line under it) covers the top right: screen x past
+# TOOLBAR[0] down to TOOLBAR[1]. A node title reaching past x must start below it.
+TOOLBAR = (1260, 128)
+VIEW = {"scale": 1.0, "offset": [80, 170]}  # where it opens: below the Run bar, right of the sidebar
 # The smallest size the frontend gives each node, measured there: on load it enlarges smaller nodes to
 # this, and a sampler grows by the progress line under it once it runs (included here). Video Combine
 # grows by its GIF preview after a run, so a template leaves room below it.
@@ -116,7 +119,7 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_chain": {
         "source": "advanced_chain",
-        "view": {"scale": 0.9, "offset": [80, 130]},
+        "view": {"scale": 0.9, "offset": [80, 160]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
                   "3": (800, 0, *T["DGemmaSamplerAdvanced"]), "4": (1240, 0, 340, 130),
                   "5": (1240, 170, 340, 238)},
@@ -128,7 +131,7 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_infill": {
         "source": "advanced_infill",
-        "view": {"scale": 0.9, "offset": [80, 130]},
+        "view": {"scale": 0.9, "offset": [80, 160]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 832),
                   "3": (820, 0, 340, 130), "4": (820, 170, 340, 140), "5": (820, 350, 340, 220)},
         "notes": [
@@ -141,7 +144,7 @@ TEMPLATES = {
     # below it), their answers in the column above it. At 0.8 nothing else fits beside three samplers.
     "diffusiongemma_advanced_schedulers": {
         "source": "advanced_schedulers",
-        "view": {"scale": 0.8, "offset": [80, 130]},
+        "view": {"scale": 0.8, "offset": [80, 170]},
         "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 320, 832), "3": (660, 0, 320, 832),
                   "4": (1000, 0, 320, 832), "8": (1340, 0, 220, 238), "9": (1340, 310, 220, 238),
                   "10": (1340, 620, 220, 238), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),

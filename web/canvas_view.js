@@ -117,8 +117,9 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     }
     const status = doneEv?.status ?? (doneEv ? "done" : null);
     if (status === "done" && doneEv.paused) {
-      setHeader(`paused at block ${last.block + 1} step ${last.step + 1} · resumable canvas_state`
-        + ` · committed ${num((last.committed ?? 0) * 100, 0)}%`);
+      // The committed share first: a narrow node cuts the end of the line.
+      setHeader(`paused · committed ${num((last.committed ?? 0) * 100, 0)}% · block ${last.block + 1} step `
+        + `${last.step + 1} · resumable canvas_state`);
       return;
     }
     if (status === "done") {
@@ -150,10 +151,12 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       shownTok.pop();
       shownState.pop();
     }
+    // A finished run has no "new" tokens: the last step's highlight would read as still changing.
+    const settledNow = doneEv && (doneEv.status ?? "done") === "done" && !doneEv.paused;
     for (let i = 0; i < n; i++) {
       const tok = String(tokens[i] ?? "");
       if (tok !== shownTok[i]) { spans[i].firstChild.data = tok; shownTok[i] = tok; }
-      const cls = STATE_CLASS[state[i]] || "dg-noise";
+      const cls = (settledNow && state[i] === "1") ? "dg-settled" : STATE_CLASS[state[i]] || "dg-noise";
       if (cls !== shownState[i]) { spans[i].className = cls; shownState[i] = cls; }
     }
   }
@@ -168,11 +171,11 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     root.classList.toggle("dg-finished", status === "done");
     root.classList.toggle("dg-error", status === "error");
     root.classList.toggle("dg-interrupted", status === "interrupted");
-    header.title = status === "error" ? String(doneEv.message ?? "") : "";
+    paintHeader();
+    header.title = status === "error" ? String(doneEv.message ?? "") : headerText; // the whole line on hover
     const prevJoined = finished.join("");
     if (prevJoined !== shownPrev) { prevText.data = prevJoined; shownPrev = prevJoined; }
     paintCanvas();
-    paintHeader();
     if (stick) body.scrollTop = body.scrollHeight;
   }
 
@@ -217,6 +220,20 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     done(ev) {
       stats.events += 1;
       doneEv = ev || {};
+      requestPaint();
+    },
+
+    /** What the view shows, to rebuild it in a new view (a workflow tab reopened). */
+    snapshot() {
+      return { run, finished: [...finished], last, doneEv, palette: Object.fromEntries(
+        Object.values(PALETTE_VARS).map((v) => [v, root.style.getPropertyValue(v)]).filter(([, c]) => c)) };
+    },
+
+    restore(snap) {
+      if (!snap) return;
+      ({ run, last, doneEv } = snap);
+      finished = [...(snap.finished ?? [])];
+      for (const [name, colour] of Object.entries(snap.palette ?? {})) root.style.setProperty(name, colour);
       requestPaint();
     },
 

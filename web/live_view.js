@@ -7,6 +7,13 @@ import { createCanvasView } from "./canvas_view.js";
 const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise", "DGemmaSamplerAdvanced"]);
 const WIDGET = "dgemma_live_view";
 const views = new WeakMap(); // LGraphNode -> canvas view
+// The last run per node, kept across workflow tab switches (the frontend makes new nodes on each).
+const lastRuns = new Map(); // "workflow|class|id" -> view snapshot
+
+function runKey(node) {
+  const wf = app.extensionManager?.workflow?.activeWorkflow;
+  return `${wf?.key ?? wf?.path ?? ""}|${node.comfyClass}|${node.id}`;
+}
 
 // Events name the node by its execution id: "7", or "12:7" for a node inside subgraph node 12.
 // Look it up when the event arrives: node.id is still -1 when nodeCreated runs.
@@ -27,7 +34,9 @@ function route(method) {
     if (!ev || ev.node == null) return;
     const node = findNode(ev.node);
     const view = node && views.get(node);
-    if (view) view[method](ev);
+    if (!view) return;
+    view[method](ev);
+    lastRuns.set(runKey(node), view.snapshot());
   };
 }
 
@@ -62,5 +71,7 @@ app.registerExtension({
     };
     const [w, h] = node.size;
     node.setSize([Math.max(w, 420), Math.max(h, node.computeSize()[1])]);
+    // node.id is set once the graph adds the node: restore its last run then.
+    setTimeout(() => view.restore(lastRuns.get(runKey(node))), 0);
   },
 });

@@ -182,8 +182,8 @@ try {
     assertEq(p.spans, L, "span count");
     const count = (c) => [...lastStep.state].filter((s) => s === c).length;
     assertEq(p.noise, count("0"), "noise spans");
-    assertEq(p.fresh, count("1"), "newly accepted spans");
-    assertEq(p.settled, count("2"), "settled spans");
+    assertEq(p.fresh, 0, "a finished run keeps no 'new' highlight");
+    assertEq(p.settled, count("1") + count("2"), "settled spans (the last step's new ones too)");
     assert(p.header.startsWith(`done, ${DONE.steps_used} steps`), `header done: ${p.header}`);
     assert(p.header.includes(`committed ${Math.round(lastStep.committed * 100)}%`), `header committed: ${p.header}`);
     assert(p.header.length <= 40, `the done header must fit a default-width node: ${p.header}`);
@@ -362,6 +362,39 @@ try {
     assertEq(r.b, "", "node 8 text (no events for it)");
     assertEq(r.inner, "z".repeat(L), "subgraph node 12:7 text");
     assert(r.header.includes("done"), `node 7 header: ${r.header}`);
+  });
+
+  await check("a workflow tab switch keeps each node's last run", async () => {
+    const r = await page.evaluate(async ({ start, step, done }) => {
+      const { app, FakeNode } = await import("/scripts/app.js");
+      const { api } = await import("/scripts/api.js");
+      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
+      const host = document.createElement("div");
+      document.body.appendChild(host);
+      const make = (id) => {
+        const n = new FakeNode("DGemmaSamplerAdvanced", id, host);
+        ext.nodeCreated(n, app);
+        n.id = id;
+        app.rootGraph.add(n);
+        return n;
+      };
+      const before = make(31);
+      const send = (type, detail) => api.dispatchEvent(new CustomEvent(type, { detail }));
+      send("dgemma.start", { ...start, node: "31" });
+      send("dgemma.step", { ...step, node: "31" });
+      send("dgemma.done", { ...done, node: "31", paused: true });
+      before.onRemoved?.(); // switching tabs removes the nodes; coming back makes new ones
+      app.rootGraph.remove?.(before);
+      const after = make(31);
+      await new Promise((r) => setTimeout(r, 20));
+      await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+      const el = after.widgets[0].element;
+      return { text: el.querySelector(".dg-body")?.textContent, header: el.querySelector(".dg-header").textContent,
+               title: el.querySelector(".dg-header").title };
+    }, { start: START, step: STEPS[3], done: DONE });
+    assertEq(r.text, join(STEPS[3].tokens), "text after the tab came back");
+    assert(r.header.startsWith(`paused · committed ${Math.round(STEPS[3].committed * 100)}%`), `header: ${r.header}`);
+    assertEq(r.title, r.header, "the header's whole line on hover");
   });
 
   await check("no page errors or console errors", async () => {

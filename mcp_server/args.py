@@ -1,0 +1,83 @@
+"""The tools' arguments, advertised from the engine's tables so agents see the node widgets' ranges."""
+
+from __future__ import annotations
+
+from ..dgemma.demo import DEMO_NAME
+from ..dgemma.knobs import KNOBS, SEED_MAX
+from ..dgemma.loading import DEVICES, DTYPES
+from ..dgemma.quant import QUANTS
+from ..dgemma.resume import WINDOW_KNOBS
+from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS
+from .schemas import JSON_INT_MAX, Arg, choice_arg, flag_arg, knob_arg, text_arg
+
+SCHEDULER_HELP = ("Which diffusers scheduler runs the steps: entropy_bound (the released default), block_refinement "
+                  "or discrete_ddim; each reads its own knobs (temperature, threshold, editing_threshold, "
+                  "corrector_steps, corrector_k). On resume it defaults to the paused run's.")
+PINS_HELP = ("Text held in place on the canvas. A template pins its text at the start of the answer, each blank "
+             "(___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; a line '12: text' pins "
+             "text from answer position 12. Empty: no pins.")
+IMAGE_HELP = ("A picture the model reads before the text: base64 PNG or JPEG (bare or as a data: URL), or a path "
+              "to a picture file under the server's image folders (--image-dir, default ./input).")
+
+
+def seed_arg() -> Arg:
+    spec = KNOBS["seed"]
+    return Arg("seed", {"anyOf": [{"type": "integer", "minimum": 0, "maximum": JSON_INT_MAX},
+                                  {"type": "string", "pattern": "^[0-9]+$"}],
+                        "default": spec.default, "description": f"{spec.tooltip} Up to {SEED_MAX}; pass seeds above "
+                        "2^53 - 1 as a string of digits, which JSON clients hold exactly."})
+
+
+def window_args() -> list[Arg]:
+    start, end = WINDOW_KNOBS["start_step"], knob_arg("end_step", WINDOW_KNOBS["end_step"])
+    return [Arg("start_step", {"anyOf": [{"type": "integer", "minimum": start.lo, "maximum": start.hi},
+                                         {"const": "auto"}], "default": "auto", "description":
+                               "First step of the first block this call runs (0-based; later blocks start at 0). "
+                               "auto: 0 for a fresh run, the paused step when resuming."}), end]
+
+
+def generate_args() -> list[Arg]:
+    knobs = [seed_arg()] + [knob_arg(n, s) for n, s in KNOBS.items() if n != "seed"]
+    return [
+        text_arg("prompt", "The user turn, rendered through the model's chat template. May be empty when a "
+                           "context or image is given; on resume it defaults to the paused run's."),
+        text_arg("context", "Optional raw CONTEXT text (no chat framing), encoded for this run before the turn; "
+                            "with context_handle it continues that context."),
+        text_arg("context_handle", "Optional handle from the encode tool; the encoded context is never modified."),
+        Arg("image", {"type": "string", "description": IMAGE_HELP}),
+        *knobs,
+        choice_arg("scheduler", SCHEDULERS, SCHEDULERS[0], SCHEDULER_HELP),
+        *[knob_arg(n, s) for n, s in SCHEDULER_KNOBS.items()],
+        *window_args(),
+        text_arg("pins", PINS_HELP),
+        text_arg("resume", "Handle of a paused run (paused_handle of an earlier call) to continue exactly; the "
+                           "prompt, context, image, gen_length, num_inference_steps, thinking and scheduler are "
+                           "the paused run's."),
+        flag_arg("runlog", "Also write the run as a dg-runlog/1 JSON Lines file; its path is returned (the log "
+                           "is also a resource, runlog_uri, either way)."),
+        flag_arg("gif", "Also write every step as an animated GIF: its path is returned and the GIF comes back "
+                        "as image content."),
+        text_arg("output_dir", "Folder for the run log and GIF (default: ./output of the server)."),
+    ]
+
+
+def loader_args() -> list[Arg]:
+    return [
+        text_arg("model", f"'{DEMO_NAME}' (the tiny model shipped with the pack), a checkpoint folder holding "
+                          "config.json, or a hub id such as 'google/diffusiongemma-26B-A4B-it'.", DEMO_NAME),
+        choice_arg("quant", QUANTS, "none", "none: the checkpoint's own dtype; autoround: a pre-quantized "
+                                            "AutoRound INT4 checkpoint (needs auto-round)."),
+        choice_arg("device", DEVICES, "auto", "auto: the GPU when there is one, offloading to CPU RAM when VRAM "
+                                              "is short; cuda: all on the GPU; cpu: all on the CPU."),
+        choice_arg("dtype", DTYPES, "auto", "Weight dtype; auto keeps the checkpoint's own."),
+        flag_arg("local_files_only", "Never contact the hub: load a hub id only from the local HF cache."),
+    ]
+
+
+def encode_args() -> list[Arg]:
+    return [
+        Arg("text", {"type": "string", "description": "Raw CONTEXT, encoded as is: a document, a prior turn. May "
+                                                      "be empty when an image is given."}, required=True),
+        text_arg("onto", "Optional handle of a context to continue with this text."),
+        Arg("image", {"type": "string", "description": IMAGE_HELP}),
+    ]
