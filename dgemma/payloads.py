@@ -79,11 +79,14 @@ class CanvasState:
     paused: bool = False           # an advanced run stopped at its end_step with a block unfinished
     # What an advanced run needs to be continued exactly (dgemma/resume.py): tensors, memory only.
     resume: object = field(default=None, compare=False, repr=False)
+    # A constrained run's verdict: kind, text, sha256, satisfied, reason (why not), changed_positions.
+    constraint: dict | None = None
 
     @property
     def finished_honestly(self) -> bool:
-        """The turn closed with a non-empty answer."""
-        return self.turn_closed and self.answer_tokens > 0
+        """The turn closed with a non-empty answer (that satisfies the constraint, when there is one)."""
+        satisfied = self.constraint is None or self.constraint["satisfied"]
+        return self.turn_closed and self.answer_tokens > 0 and satisfied
 
     def asdict(self) -> dict:
         """The readout as plain values; the resume data is never part of it."""
@@ -98,6 +101,10 @@ class CanvasState:
                  f"committed at the last step: {self.committed_fraction:.0%}",
                  f"{self.steps_used} steps in {self.blocks} block(s)",
                  f"thought: {_quote(self.thought) if self.thought is not None else 'none'}"]
+        if self.constraint is not None:
+            c = self.constraint
+            verdict = "satisfied" if c["satisfied"] else f"NOT satisfied: {c['reason']}"
+            lines.append(f"constraint ({c['kind']}): {verdict} · {c['changed_positions']} position changes")
         return "\n".join(lines)
 
 
@@ -114,6 +121,7 @@ class RunConfig:
     context: dict | None = field(default=None)  # provenance summary of an injected KV cache
     run_id: str = field(default="", compare=False)
     image: dict | None = field(default=None)    # the turn's images: count, sizes, content hash (no pixels)
+    constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
 
     def __str__(self) -> str:
         k = self.knobs
@@ -130,7 +138,7 @@ class RunConfig:
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
                 "quant": self.quant, "device": self.device, "dtype": self.dtype,
-                "context": self.context, "image": self.image, "run_id": self.run_id}
+                "context": self.context, "image": self.image, "constraint": self.constraint, "run_id": self.run_id}
 
 
 def _quote(text: str, limit: int = 200) -> str:

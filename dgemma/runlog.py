@@ -76,6 +76,7 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "dtype": config.dtype, "canvas_length": trace.canvas_length,
         "injection_present": config.context is not None, "injected_cache_provenance": config.context,
         "image_present": config.image is not None, "image": config.image,
+        "constraint": config.constraint,  # kind, text, sha256; None when unconstrained
         "block_stopped_early": list(trace.block_stopped_early),
         "knob_sets": list(trace.knob_sets),  # the knobs in force; each frame names its set
     }
@@ -87,7 +88,8 @@ def records(trace, config, state, frames_text) -> list[dict]:
                 "text": state.text, "converged": state.converged, "committed_fraction": state.committed_fraction,
                 "turn_closed": state.turn_closed, "answer_tokens": state.answer_tokens, "thought": state.thought,
                 "stray_thought_delimiter": state.stray_thought_delimiter,
-                "finished_honestly": state.finished_honestly, "paused": state.paused})
+                "finished_honestly": state.finished_honestly, "paused": state.paused,
+                "constraint": state.constraint})
     return out
 
 

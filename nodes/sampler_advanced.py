@@ -7,7 +7,17 @@ from ..dgemma.payloads import CanvasState
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
-from .schema import CANVAS_STATE, SAMPLER_OUTPUTS, comfy_hints, context_input, image_input, knob_inputs, output_spec
+from .schema import (
+    CANVAS_STATE,
+    SAMPLER_OUTPUTS,
+    comfy_hints,
+    constraint_inputs,
+    constraint_of,
+    context_input,
+    image_input,
+    knob_inputs,
+    output_spec,
+)
 
 PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
                 "answer, each blank (___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; "
@@ -59,13 +69,17 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
             "canvas_state": (CANVAS_STATE, {"tooltip": STATE_IN_TOOLTIP}),
             "image": image_input(),
             **knob_inputs(SCHEDULER_KNOBS),
+            **constraint_inputs(),
         }
         return spec
 
     def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
-                        canvas_state=None, image=None, unique_id=None, **knobs):
+                        canvas_state=None, image=None, unique_id=None, constraint_type=None, constraint=None,
+                        **knobs):
         own = {k: knobs.pop(k) for k in list(knobs) if k in SCHEDULER_KNOBS}
         with comfy_hints():
             resume = resume_of(canvas_state)
             advanced = Advanced(Scheduling(scheduler, **own), start_step, end_step, pins, resume)
-        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, image=image, **knobs)
+            rule = constraint_of(constraint_type, constraint)
+        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, image=image,
+                        constraint=rule, **knobs)
