@@ -69,13 +69,15 @@ class Guide:
             return self._path[1]
         return self.automaton.shortest(state, self.L)
 
-    def verdict(self, raw_ids) -> dict:
+    def verdict(self, raw_ids, paused: bool = False) -> dict:
         """Whether the answer satisfies the constraint and, if not, why; for canvas_state."""
-        state = self.automaton.run(START, raw_ids)
+        state = None if paused else self.automaton.run(START, raw_ids)
         ok = state == DONE and not self.broken
         reason = ""
         if self.broken:
             reason = self.broken
+        elif paused:
+            reason = "the run paused before its answer was finished; resume it to finish the answer"
         elif state is None:
             reason = "the answer left the constraint"
         elif state != DONE:

@@ -111,14 +111,14 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     run_id = uuid.uuid4().hex
     trace = recorder.finish(context=summary, run_id=run_id, scheduler=advanced.scheduler(knobs) if advanced else ())
     state = read_state(dm, sequence[0].tolist(), trace)
-    if guide is not None:
-        state = dataclasses.replace(state, constraint=guide.verdict(state.raw_ids))
     if advanced is not None:
         paused = plan.paused if plan is not None and cache is not None else None
         keep = Resume(model, prompt, context, knobs, advanced.scheduling.name, recorder.snapshot(), sequence,
                       paused, cache if paused else None,
                       generator.get_state() if paused else None)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
+    if guide is not None:
+        state = dataclasses.replace(state, constraint=guide.verdict(state.raw_ids, state.paused))
     image_record = images.record if images is not None else None
     config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
                        constraint=constraint.summary() if guide is not None else None, **dm.describe())

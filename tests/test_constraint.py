@@ -59,10 +59,10 @@ RANDOM_CASES = [("json_schema", json.dumps(s)) for s in SCHEMAS.values()] + [
 
 @pytest.mark.parametrize("kind, text", RANDOM_CASES, ids=[*SCHEMAS, "regex", "choice"])
 def test_random_weights_answer_valid_only_through_the_constraint(tiny_model, kind, text):
-    for seed in range(3):
+    plain = generate(tiny_model, "What is 1+2?", Knobs(seed=0, num_inference_steps=4))
+    assert not (plain.state.turn_closed and _quiet(satisfies, plain, kind, text))
+    for seed in range(2):
         knobs = Knobs(seed=seed, num_inference_steps=4)
-        plain = generate(tiny_model, "What is 1+2?", knobs)
-        assert not (plain.state.turn_closed and _quiet(satisfies, plain, kind, text))
         check_valid(generate(tiny_model, "What is 1+2?", knobs, constraint=Constraint(kind, text)), kind, text)
 
 
@@ -79,22 +79,10 @@ DEMO_CASES = [("json_schema", json.dumps(SUM)), ("json_schema", json.dumps(SCHEM
 
 @pytest.mark.parametrize("kind, text", DEMO_CASES, ids=["sum", "integer", "regex", "choice"])
 def test_demo_answers_valid_over_many_seeds(demo_model, kind, text):
-    for seed in range(8):
+    for seed in range(6):
         a, b = divmod(seed * 13 % 100, 10)
         knobs = Knobs(**{**DEMO_KNOBS.asdict(), "seed": seed})
         check_valid(generate(demo_model, f"What is {a}+{b}?", knobs, constraint=Constraint(kind, text)), kind, text)
-
-
-def test_demo_keeps_its_right_answers_under_a_choice(demo_model):
-    choice = Constraint("choice", "\n".join(WORDS))
-    for i in (0, 34, 77):
-        a, b = divmod(i, 10)
-        knobs = Knobs(**{**DEMO_KNOBS.asdict(), "seed": i})
-        plain = generate(demo_model, f"What is {a}+{b}?", knobs)
-        ours = generate(demo_model, f"What is {a}+{b}?", knobs, constraint=choice)
-        if plain.text in WORDS:  # already valid: the constraint changes no token
-            assert ours.state.raw_ids == plain.state.raw_ids
-            assert ours.state.constraint["changed_positions"] == 0
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
@@ -181,7 +169,10 @@ def test_a_paused_run_is_not_yet_satisfied(demo_model):
     result = generate(demo_model, "What is 3+4?", Knobs(seed=0), advanced=Advanced(end_step=1),
                       constraint=Constraint("json_schema", json.dumps(SUM)))
     assert result.state.paused and not result.state.constraint["satisfied"]
-    assert "more tokens" in result.state.constraint["reason"] and not result.state.finished_honestly
+    assert "paused" in result.state.constraint["reason"] and not result.state.finished_honestly
+    resumed = generate(demo_model, "What is 3+4?", Knobs(seed=0), constraint=Constraint("json_schema", json.dumps(SUM)),
+                       advanced=Advanced(start_step=1, resume=result.state.resume))
+    check_valid(resumed, "json_schema", json.dumps(SUM))
 
 
 @pytest.mark.parametrize("kind, text, match", [
@@ -242,3 +233,11 @@ def test_constraint_is_a_plain_value():
     a = Constraint("choice", "yes\nno")
     assert a == Constraint("choice", "yes\nno") and dataclasses.replace(a, text="") != a
     assert not Constraint("json_schema", "").active
+
+
+def test_missing_library_refused_with_the_install_line(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "outlines_core", None)
+    with pytest.raises(InputError, match="pip install outlines-core"):
+        Constraint("json_schema", '{"type": "integer"}')

@@ -120,6 +120,20 @@ TEMPLATES = {
              "still answers seven."),
         ],
     },
+    "diffusiongemma_structured": {
+        "source": "structured",
+        "view": {"scale": 0.8, "offset": [80, 130]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaDenoise"]),
+                  "4": (820, 0, *T["DGemmaSamplerAdvanced"]), "3": (1260, 0, 320, 112),
+                  "5": (1260, 150, 320, 112), "6": (1260, 300, 320, 250)},
+        "notes": [
+            ((0, 240, 340, 300), "Constraints: every answer satisfies its constraint. Left, a choice (one option "
+             "per line): the demo already answers seven, so nothing changes. Right, a JSON Schema: the demo was "
+             "never taught JSON, so the constraint writes the braces and keys (violet: positions the constraint "
+             "changed) and the answer is valid JSON; canvas_state says whether it was satisfied. regex works "
+             "too."),
+        ],
+    },
     # Three samplers in a row; their GIFs in a column left of the minimap (the only column that reaches
     # below it), their answers in the column above it. At 0.8 nothing else fits beside three samplers.
     "diffusiongemma_advanced_schedulers": {
