@@ -24,7 +24,8 @@ def test_there_are_examples_of_each_kind():
             "advanced_chain", "advanced_infill", "advanced_schedulers", "structured"} <= names
     assert {"diffusiongemma_start_here", "diffusiongemma_kv_cache", "diffusiongemma_thinking",
             "diffusiongemma_gif", "diffusiongemma_advanced_chain", "diffusiongemma_advanced_infill",
-            "diffusiongemma_advanced_schedulers", "diffusiongemma_image", "diffusiongemma_structured"} <= {p.stem for p in UI}
+            "diffusiongemma_advanced_schedulers", "diffusiongemma_image",
+            "diffusiongemma_structured"} <= {p.stem for p in UI}
 
 
 @pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
