@@ -106,7 +106,7 @@ class Engine:
         return {"handle": handle, "length": cache.length, "onto": onto or None, **cache.summary()}
 
     def generate(self, prompt: str, knobs: dict, context_text: str = "", context_handle: str = "",
-                 on_frame=None):
+                 on_frame=None, constraint=None):
         """Validate like the nodes, then run; returns (model, RunResult), or raises Cancelled."""
         knobs = Knobs(**knobs)
         with self.claim("generate") as run:
@@ -120,7 +120,8 @@ class Engine:
                 if on_frame is not None:
                     on_frame(f, run.steps_done)
 
-            result = generate(dm, prompt, knobs, context=context, on_frame=frame, should_cancel=run.cancel.is_set)
+            result = generate(dm, prompt, knobs, context=context, on_frame=frame, should_cancel=run.cancel.is_set,
+                              constraint=constraint)
         return dm, result
 
     def status(self) -> dict:

@@ -7,6 +7,7 @@ before every step.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -16,6 +17,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 
+from ..dgemma.constraint import KINDS, Constraint
 from ..dgemma.demo import DEMO_NAME
 from ..dgemma.knobs import KNOBS, Knobs
 from ..dgemma.loading import DEVICES, DTYPES
@@ -69,6 +71,11 @@ def generate_params() -> list:
         param("context_handle", text("Optional handle from the encode tool; the encoded context is never "
                                      "modified by the run."), ""),
         *knob_params(),
+        param("constraint_type", choice_schema(KINDS, KINDS[0], "What constraint is: a JSON Schema, a regex the "
+                                               "whole answer matches, or a choice (one option per line)."),
+              KINDS[0]),
+        param("constraint", text("The answer's constraint, of constraint_type (a JSON Schema as text or an object); "
+                                 "empty: none. canvas_state.constraint says whether the answer satisfied it."), ""),
         param("runlog", {"type": "boolean", "default": False, "description":
                          "Also write the run as a dg-runlog/1 JSON Lines file; its path is returned."}, False),
         param("gif", {"type": "boolean", "default": False, "description":
@@ -100,8 +107,10 @@ def generate_tool(engine: Engine) -> Tool:
 
         def work():
             try:
+                rule = args["constraint"]  # the SDK hands a JSON Schema over as an object
+                constraint = Constraint(args["constraint_type"], rule if isinstance(rule, str) else json.dumps(rule))
                 dm, result = engine.generate(args["prompt"], knobs, args["context"], args["context_handle"],
-                                             on_frame=on_frame)
+                                             on_frame=on_frame, constraint=constraint)
             except Cancelled as exc:
                 return {"cancelled": True, "steps_done": exc.steps_done, "message": str(exc)}
             return {**readout(result), **write_outputs(dm, result, args["output_dir"], args["runlog"], args["gif"])}
