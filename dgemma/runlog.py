@@ -51,6 +51,8 @@ def check_one_run(trace, config, state, frames_text) -> None:
 def _frame_record(frame, text: str, token_strings, knob_set: int) -> dict:
     ent = frame.entropy.astype(np.float32)
     pinned = {} if frame.pinned is None else {"pinned": np.flatnonzero(frame.pinned).tolist()}
+    if frame.constrained is not None:  # positions a constraint changed, only in constrained runs
+        pinned["constrained"] = np.flatnonzero(frame.constrained).tolist()
     return {**pinned, "knob_set": knob_set,
         "record_type": "frame", "block": frame.block, "step": frame.step, "t": frame.t,
         "temperature": frame.temperature, "committed_fraction": frame.committed_fraction,
@@ -133,10 +135,11 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
     strings: dict[int, str] = {}
     for f in frames:
         strings.update(zip(f["canvas_ids"], f["tokens"]))
-    stop, pinned = np.zeros((len(frames), L), bool), np.zeros((len(frames), L), bool)
-    for row, pin, f in zip(stop, pinned, frames):
+    stop, pinned, changed = (np.zeros((len(frames), L), bool) for _ in range(3))
+    for row, pin, change, f in zip(stop, pinned, changed, frames):
         row[f.get("stop_committed", [])] = True
         pin[f.get("pinned", [])] = True
+        change[f.get("constrained", [])] = True
     values = {**header, "num_inference_steps": header["num_inference_steps_requested"]}
     knobs = Knobs(**{name: values[name] for name in KNOBS})
     column = lambda key, dtype: np.array([f[key] for f in frames], dtype)
@@ -149,4 +152,5 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
         stop_bits=np.packbits(stop, axis=1), run_id=header.get("run_id", ""), token_strings=strings,
         pinned_bits=np.packbits(pinned, axis=1) if any("pinned" in f for f in frames) else None,
         times=np.array([(f["t"], f["temperature"]) for f in frames], np.float32),
-        scheduler_settings=header.get("scheduler_config"))
+        scheduler_settings=header.get("scheduler_config"),
+        constrained_bits=np.packbits(changed, axis=1) if header.get("constraint") else None)

@@ -14,7 +14,7 @@ from diffusiongemma.dgemma import Constraint, Knobs, generate
 from diffusiongemma.dgemma.demo import DEMO_KNOBS, WORDS
 from diffusiongemma.dgemma.errors import InputError
 from diffusiongemma.dgemma.resume import Advanced
-from diffusiongemma.dgemma.runlog import records
+from diffusiongemma.dgemma.runlog import records, replay
 from diffusiongemma.dgemma.schedulers import SCHEDULERS, Scheduling
 from diffusiongemma.dgemma.states import CONSTRAINED
 from diffusiongemma.dgemma.tokens import frame_texts
@@ -142,6 +142,9 @@ def test_readings_show_the_constrained_positions(demo_model):
     digest = Constraint("json_schema", json.dumps(SUM)).summary()["sha256"]
     assert header["constraint"] == {"kind": "json_schema", "text": json.dumps(SUM), "sha256": digest}
     assert final["constraint"]["satisfied"] and final["finished_honestly"]
+    rows = records(trace, config, state, frames)
+    again = replay(rows[0], rows[1:-1])
+    assert np.array_equal(again.states(), trace.states())
     assert frames == frame_texts(trace, demo_model.token_strings)
 
 
