@@ -118,12 +118,14 @@ def main() -> None:
     args = parser.parse_args()
     demo = load_model(str(DEMO_DIR))
     valid_demo = validity(demo, True, args.runs, DEMO_KNOBS.asdict())
+    print(f"valid_demo={valid_demo:.3f} over {args.runs} runs", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         rand = tiny_model(Path(folder), "random")
         valid_random = validity(rand, False, args.runs, {"num_inference_steps": 8})
+        print(f"valid_random={valid_random:.3f} over {args.runs} runs", flush=True)
         plain = accuracy(demo, None)
         constrained = accuracy(demo, Constraint("choice", "\n".join(WORDS)))
-        print(f"accuracy_plain={plain:.2f} (unconstrained, same seeds)")
+        print(f"accuracy_plain={plain:.2f} (unconstrained, same seeds)", flush=True)
         ratio = step_ratio(tiny_model(Path(folder), "real-vocab"), args.pairs)
     print(f"valid_demo={valid_demo:.3f} valid_random={valid_random:.3f} accuracy_demo={constrained:.2f} "
           f"step_ratio={ratio:.3f}")
