@@ -4,6 +4,7 @@ from .versions import check_versions
 
 check_versions()
 
+from .constraint import Constraint  # noqa: E402
 from .knobs import KNOBS, Knobs  # noqa: E402
 from .loading import load_model  # noqa: E402
 from .loop import Cancelled  # noqa: E402
@@ -11,5 +12,5 @@ from .payloads import CanvasState, DGemmaModel, RunConfig  # noqa: E402
 from .run import RunResult, generate  # noqa: E402
 from .trace import CanvasTrace, Frame  # noqa: E402
 
-__all__ = ["KNOBS", "Knobs", "load_model", "Cancelled", "CanvasState", "DGemmaModel", "RunConfig",
+__all__ = ["Constraint", "KNOBS", "Knobs", "load_model", "Cancelled", "CanvasState", "DGemmaModel", "RunConfig",
            "RunResult", "generate", "CanvasTrace", "Frame"]

@@ -7,6 +7,8 @@ here, by this process's engine. Both give the same RunResult and feed the same o
 from __future__ import annotations
 
 from .context import encode_context
+from .errors import InputError
+from .guide import guide_for
 from .resume import check_advanced
 from .run import check_inputs, generate
 
@@ -32,3 +34,14 @@ LOCAL = LocalBackend()
 
 def backend_of(model):
     return getattr(model, "backend", None) or LOCAL
+
+
+def constraint_options(model, constraint, gen_length: int) -> dict:
+    """The run options a constraint adds, checked before any work: none when it is empty."""
+    if constraint is None or not getattr(constraint, "active", True):
+        return {}
+    if backend_of(model) is not LOCAL:
+        raise InputError("constraint", f"{model} is a remote model, and constrained answers run only in this "
+                                       "process for now; load the model with DGemmaLoader, or leave constraint empty")
+    guide_for(model, constraint, gen_length)
+    return {"constraint": constraint}

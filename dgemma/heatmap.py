@@ -136,6 +136,8 @@ def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
                      "of a block's last step")
         if trace.pinned_bits is not None:
             lines.append(f"{NAMES[3]} (blue) = held in place by a pin (it never changes)")
+        if trace.constrained_bits is not None:
+            lines.append(f"{NAMES[4]} (violet) = the constraint changed the token the step put there")
     else:
         cap = scale_cap(trace, scale)
         anchors = ", ".join(f"{name} {_nats(anchor_nats(i, cap))}" for i, name in enumerate(RAMP_NAMES))

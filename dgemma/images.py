@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .fonts import BLANK, SUBSTITUTE, GlyphAtlas, default_atlas
-from .states import NEW, NOISE, PALETTE, PINNED, SETTLED
+from .states import CONSTRAINED, NEW, NOISE, PALETTE, PINNED, SETTLED
 
 # Per-cell colour states: the position states, then the caption's own.
 CAPTION = len(PALETTE)
@@ -349,6 +349,8 @@ def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtyp
         return np.zeros((0, *r.size(), 3), dtype)
     if legend and trace.pinned_bits is not None:
         legend = LEGEND_PINNED
+    if legend and trace.constrained_bits is not None:
+        legend = (LEGEND if legend is True else legend) + ((" constrained", CONSTRAINED),)
     return r.render(canvases, trace.states(), captions(trace),
                     legend=legend, dtype=dtype)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import encode_ids, input_device
+from .guide import UNCONSTRAINED
 from .knobs import Knobs
 from .pins import Pins
 from .schedulers import Scheduling, Stepper
@@ -155,12 +156,14 @@ def _open_block(blocks, plan, block, first, done, knobs, stepper, generator):
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],
                    recorder: Recorder, on_frame: Callable[[Frame], None] | None = None,
                    should_cancel: Callable[[], bool] | None = None, encode_last: bool = False,
-                   plan: Plan | None = None) -> torch.Tensor:
+                   plan: Plan | None = None, guide=None) -> torch.Tensor:
     """Generate blocks onto `cache` (which grows); returns the ids so far, shape (B, blocks*L).
 
     A paused run returns its finished blocks and the unfinished canvas, and fills `plan.paused`.
+    A `guide` (dgemma/guide.py) makes each step's canvas satisfy a constraint.
     """
     plan = plan if plan is not None else Plan()
+    guide = guide if guide is not None else UNCONSTRAINED
     blocks = BlockDecoder(model, cache)
     stepper = recorder.clock = Stepper(plan.scheduling, knobs, blocks.L, blocks.device)
     eos = torch.tensor(eos_ids, device=blocks.device)
@@ -182,8 +185,10 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
             entropy = step_entropy(self_cond, entropy, stop.confidence)
             canvas, committed, stopped = stop.apply(canvas, self_cond, entropy)
             canvas = _pin(canvas, pins)
+            canvas, constrained = guide.apply(block, done, canvas, accepted | committed, self_cond,
+                                              None if pins is None else pins[0], stopped or step == stepper.steps - 1)
             frame = recorder.add(block, step, canvas, accepted, committed, entropy,
-                                 None if pins is None else pins[0])
+                                 None if pins is None else pins[0], constrained)
             if on_frame is not None:
                 on_frame(frame)
             if stopped:

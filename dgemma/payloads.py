@@ -84,11 +84,16 @@ class CanvasState:
     blanks_unfilled: tuple[int, ...] = ()  # template blank positions left empty (answer ended, or padding/EOS)
     # What an advanced run needs to be continued exactly (dgemma/resume.py): tensors, memory only.
     resume: object = field(default=None, compare=False, repr=False)
+    # A constrained run's verdict: kind, text, sha256, satisfied, reason (why not), changed_positions.
+    constraint: dict | None = None
 
     @property
     def finished_honestly(self) -> bool:
-        """The turn closed with a non-empty answer that holds every pin and fills every blank."""
-        return self.turn_closed and self.answer_tokens > 0 and not self.pins_skipped and not self.blanks_unfilled
+        """The turn closed with a non-empty answer that holds every pin, fills every blank and satisfies
+        the constraint, when there is one."""
+        satisfied = self.constraint is None or self.constraint["satisfied"]
+        return (self.turn_closed and self.answer_tokens > 0 and not self.pins_skipped and not self.blanks_unfilled
+                and satisfied)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -115,6 +120,10 @@ class CanvasState:
                  f"committed at the last step: {self.committed_fraction:.0%}",
                  f"{self.steps_used} steps in {self.blocks} block(s)",
                  f"thought: {_quote(self.thought) if self.thought is not None else 'none'}"]
+        if self.constraint is not None:
+            c = self.constraint
+            verdict = "satisfied" if c["satisfied"] else f"NOT satisfied: {c['reason']}"
+            lines.append(f"constraint ({c['kind']}): {verdict} · {c['changed_positions']} position changes")
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
 
@@ -132,6 +141,7 @@ class RunConfig:
     run_id: str = field(default="", compare=False)
     image: dict | None = field(default=None)    # the turn's images: count, sizes, content hash (no pixels)
     advanced: dict | None = field(default=None)  # scheduler and its knobs, window, pins, the run resumed
+    constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
 
     def __str__(self) -> str:
         k = self.knobs
@@ -154,7 +164,8 @@ class RunConfig:
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
                 "quant": self.quant, "device": self.device, "dtype": self.dtype,
-                "context": self.context, "image": self.image, "advanced": self.advanced, "run_id": self.run_id}
+                "context": self.context, "image": self.image, "advanced": self.advanced,
+                "constraint": self.constraint, "run_id": self.run_id}
 
 
 def _quote(text: str, limit: int = 200) -> str:

@@ -13,6 +13,7 @@ from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
 from .errors import InputError
 from .excision import excise, thought_text
+from .guide import guide_for
 from .knobs import Knobs
 from .loop import denoise_blocks, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
@@ -76,16 +77,18 @@ def turn_ids(dm, prompt: str, knobs: Knobs, context, images=None) -> list[int]:
 def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
              on_frame: Callable[[Frame], None] | None = None,
              should_cancel: Callable[[], bool] | None = None, advance_context: bool = False,
-             advanced: Advanced | None = None) -> RunResult:
+             advanced: Advanced | None = None, constraint=None) -> RunResult:
     """Generate an answer to `prompt` (the turn), optionally on top of a KV `context`.
 
     `image` (a ComfyUI IMAGE batch, [B, H, W, C] in 0..1) joins the turn as B images before the
     text; the encoder reads them, the canvas never holds them. The context is never modified: the
     run works on a fork. With `advance_context` the result carries a new context holding context +
     turn + every generated block. `advanced` picks the scheduler, window and pins, and may resume
-    an earlier advanced run; its state is resumable.
+    an earlier advanced run; its state is resumable. `constraint` (a `Constraint`) makes the answer
+    satisfy a JSON Schema, regex or choice; `state.constraint` says whether it did.
     """
     check_inputs(dm, prompt, knobs, context, image)
+    guide = guide_for(dm, constraint, knobs.gen_length)
     resume = advanced.resume if advanced is not None else None
     if resume is not None:
         check_resume(resume, dm, prompt, knobs, context, advanced.scheduling, image)
@@ -104,7 +107,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     else:
         cache, generator = _start(dm, turn, images, context, knobs, resume)
         sequence = denoise_blocks(model, cache, knobs, generator, dm.eos_ids, recorder, on_frame=on_frame,
-                                  should_cancel=should_cancel, encode_last=advance_context, plan=plan)
+                                  should_cancel=should_cancel, encode_last=advance_context, plan=plan, guide=guide)
     summary = context.summary() if context is not None else None
     run_id = uuid.uuid4().hex
     trace = recorder.finish(context=summary, run_id=run_id, scheduler=advanced.scheduler(knobs) if advanced else ())
@@ -116,8 +119,11 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
                       paused, cache if paused else None,
                       generator.get_state() if paused else None, image=image_record)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
+    if guide is not None:
+        state = dataclasses.replace(state, constraint=guide.verdict(state.raw_ids, state.paused))
     config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
-                       advanced=advanced.record() if advanced is not None else None, **dm.describe())
+                       advanced=advanced.record() if advanced is not None else None,
+                       constraint=constraint.summary() if guide is not None else None, **dm.describe())
     new_context = None
     if advance_context and not state.paused and resume is None:
         held, seen = turn + list(state.raw_ids), (image_record,) if image_record else ()

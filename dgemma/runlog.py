@@ -51,6 +51,8 @@ def check_one_run(trace, config, state, frames_text) -> None:
 def _frame_record(frame, text: str, token_strings, knob_set: int) -> dict:
     ent = frame.entropy.astype(np.float32)
     pinned = {} if frame.pinned is None else {"pinned": np.flatnonzero(frame.pinned).tolist()}
+    if frame.constrained is not None:  # positions a constraint changed, only in constrained runs
+        pinned["constrained"] = np.flatnonzero(frame.constrained).tolist()
     return {**pinned, "knob_set": knob_set,
         "record_type": "frame", "block": frame.block, "step": frame.step, "t": frame.t,
         "temperature": frame.temperature, "committed_fraction": frame.committed_fraction,
@@ -76,6 +78,7 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "dtype": config.dtype, "canvas_length": trace.canvas_length,
         "injection_present": config.context is not None, "injected_cache_provenance": config.context,
         "image_present": config.image is not None, "image": config.image,
+        "constraint": config.constraint,  # kind, text, sha256; None when unconstrained
         "block_stopped_early": list(trace.block_stopped_early),
         "knob_sets": list(trace.knob_sets),  # the knobs in force; each frame names its set
         "advanced": config.advanced,
@@ -90,7 +93,8 @@ def records(trace, config, state, frames_text) -> list[dict]:
                 "stray_thought_delimiter": state.stray_thought_delimiter,
                 "finished_honestly": state.finished_honestly, "paused": state.paused,
                 "pins_applied": list(state.pins_applied), "pins_skipped": list(state.pins_skipped),
-                "blanks_unfilled": list(state.blanks_unfilled), "warnings": list(state.warnings)})
+                "blanks_unfilled": list(state.blanks_unfilled), "warnings": list(state.warnings),
+                "constraint": state.constraint})
     return out
 
 
@@ -134,10 +138,11 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
     strings: dict[int, str] = {}
     for f in frames:
         strings.update(zip(f["canvas_ids"], f["tokens"]))
-    stop, pinned = np.zeros((len(frames), L), bool), np.zeros((len(frames), L), bool)
-    for row, pin, f in zip(stop, pinned, frames):
+    stop, pinned, changed = (np.zeros((len(frames), L), bool) for _ in range(3))
+    for row, pin, change, f in zip(stop, pinned, changed, frames):
         row[f.get("stop_committed", [])] = True
         pin[f.get("pinned", [])] = True
+        change[f.get("constrained", [])] = True
     values = {**header, "num_inference_steps": header["num_inference_steps_requested"]}
     knobs = Knobs(**{name: values[name] for name in KNOBS})
     column = lambda key, dtype: np.array([f[key] for f in frames], dtype)
@@ -150,4 +155,5 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
         stop_bits=np.packbits(stop, axis=1), run_id=header.get("run_id", ""), token_strings=strings,
         pinned_bits=np.packbits(pinned, axis=1) if any("pinned" in f for f in frames) else None,
         times=np.array([(f["t"], f["temperature"]) for f in frames], np.float32),
-        scheduler_settings=header.get("scheduler_config"))
+        scheduler_settings=header.get("scheduler_config"),
+        constrained_bits=np.packbits(changed, axis=1) if header.get("constraint") else None)

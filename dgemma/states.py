@@ -2,7 +2,8 @@
 
 noise: not committed after this step (the scheduler renoised it); new: committed now, but not
 committed with the same token at the block's previous step; settled: committed now and at the
-previous step with the same token; pinned: held in place by a pin (it never changes). Events,
+previous step with the same token; pinned: held in place by a pin (it never changes); constrained:
+the constraint changed it from the token the step itself put there. Events,
 frame images, heatmaps and run-log replays all read `position_states`, so the live view and the GIF never disagree.
 """
 
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-NOISE, NEW, SETTLED, PINNED = 0, 1, 2, 3
-NAMES = ("noise", "new", "settled", "pinned")
-PALETTE = {NOISE: (96, 102, 118), NEW: (255, 190, 80), SETTLED: (232, 234, 238), PINNED: (110, 190, 255)}
+NOISE, NEW, SETTLED, PINNED, CONSTRAINED = 0, 1, 2, 3, 4
+NAMES = ("noise", "new", "settled", "pinned", "constrained")
+PALETTE = {NOISE: (96, 102, 118), NEW: (255, 190, 80), SETTLED: (232, 234, 238), PINNED: (110, 190, 255),
+           CONSTRAINED: (200, 120, 255)}
 
 
 def position_states(ids: np.ndarray, committed: np.ndarray, blocks: np.ndarray,
-                    pinned: np.ndarray | None = None) -> np.ndarray:
+                    pinned: np.ndarray | None = None, constrained: np.ndarray | None = None) -> np.ndarray:
     """(S, L) uint8 states of consecutive steps; a block's first step has no previous step."""
     ids, committed, blocks = np.asarray(ids), np.asarray(committed, bool), np.asarray(blocks)
     held = np.zeros_like(committed)
@@ -26,6 +28,8 @@ def position_states(ids: np.ndarray, committed: np.ndarray, blocks: np.ndarray,
     states = np.full(committed.shape, NOISE, np.uint8)
     states[committed] = NEW
     states[committed & held] = SETTLED
+    if constrained is not None:
+        states[np.asarray(constrained, bool)] = CONSTRAINED
     if pinned is not None:
         states[np.asarray(pinned, bool)] = PINNED
     return states

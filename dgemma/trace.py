@@ -29,6 +29,7 @@ class Frame:
     entropy: np.ndarray
     stop: np.ndarray        # committed by the adaptive stop, not by the scheduler
     pinned: np.ndarray | None = None  # held by a pin (also counted in `accepted`)
+    constrained: np.ndarray | None = None  # changed by the constraint from the step's own token
 
     @property
     def committed_fraction(self) -> float:
@@ -62,6 +63,7 @@ class CanvasTrace:
     knob_sets: tuple = ()                  # the knobs in force, one dict per window of the run
     knob_index: np.ndarray | None = None   # (S,) uint8 index into knob_sets of each step
     scheduler_settings: dict | None = None  # the scheduler's own config, when not the knobs' entropy bound
+    constrained_bits: np.ndarray | None = None  # (S, ceil(L/8)) packed: changed by the constraint; None: no constraint
 
     def __len__(self) -> int:
         return int(self.steps.shape[0])
@@ -114,9 +116,14 @@ class CanvasTrace:
         """(S, L) bool: positions held by a pin, or None when the run pinned nothing."""
         return None if self.pinned_bits is None else self._unpack(self.pinned_bits)
 
+    @property
+    def constrained(self) -> np.ndarray | None:
+        """(S, L) bool: positions the constraint changed, or None when the run had no constraint."""
+        return None if self.constrained_bits is None else self._unpack(self.constrained_bits)
+
     def states(self) -> np.ndarray:
         """(S, L) position states by the one rule of `states.position_states`."""
-        return position_states(self.ids, self.accepted, self.blocks, self.pinned)
+        return position_states(self.ids, self.accepted, self.blocks, self.pinned, self.constrained)
 
     def t_and_temperature(self, i: int) -> tuple[float, float]:
         if self.times is not None:
@@ -126,9 +133,10 @@ class CanvasTrace:
 
     def frame(self, i: int) -> Frame:
         pinned = None if self.pinned_bits is None else self._unpack(self.pinned_bits, i)
+        constrained = None if self.constrained_bits is None else self._unpack(self.constrained_bits, i)
         return Frame(int(self.blocks[i]), int(self.steps[i]), *self.t_and_temperature(i),
                      self.ids[i], self._unpack(self.accepted_bits, i), self.entropy[i],
-                     self._unpack(self.stop_bits, i), pinned)
+                     self._unpack(self.stop_bits, i), pinned, constrained)
 
     def frames(self):
         return (self.frame(i) for i in range(len(self)))
@@ -136,7 +144,7 @@ class CanvasTrace:
     @property
     def nbytes(self) -> int:
         arrays = (self.blocks, self.steps, self.ids, self.accepted_bits, self.entropy, self.stop_bits,
-                  self.pinned_bits, self.times, self.knob_index)
+                  self.pinned_bits, self.times, self.knob_index, self.constrained_bits)
         return sum(a.nbytes for a in arrays if a is not None)
 
 
@@ -144,7 +152,7 @@ def frame_from_row(row: tuple, canvas_length: int) -> Frame:
     """The Frame of one recorded row (see `Recorder.add`), e.g. the last step of a resumed run."""
     unpack = lambda bits: np.unpackbits(bits, count=canvas_length).astype(bool)
     return Frame(row[0], row[1], row[7], row[8], row[2], unpack(row[3]), row[4], unpack(row[5]),
-                 None if row[6] is None else unpack(row[6]))
+                 None if row[6] is None else unpack(row[6]), None if row[10] is None else unpack(row[10]))
 
 
 class Recorder:
@@ -176,11 +184,11 @@ class Recorder:
         if values != self.knob_sets[-1]:
             self.knob_sets.append(values)
 
-    def add(self, block: int, step: int, canvas, accepted, stop, entropy, pinned=None) -> Frame:
+    def add(self, block: int, step: int, canvas, accepted, stop, entropy, pinned=None, constrained=None) -> Frame:
         """Capture batch row 0 of one step's tensors; returns the frame for live consumers.
 
         `accepted` is the scheduler's mask, `stop` what the adaptive stop committed on top of it,
-        `pinned` what a pin holds (counted as committed).
+        `pinned` what a pin holds (counted as committed), `constrained` what a constraint changed.
         """
         ids = canvas[0].to("cpu", copy=True).numpy().astype(np.int32)
         by_stop = stop[0].to("cpu").numpy().astype(bool)
@@ -192,19 +200,22 @@ class Recorder:
             acc, by_stop = acc | pin, by_stop & ~pin
         ent = entropy[0].to("cpu").numpy().astype(np.float16)
         t, temperature = self.clock.position(step), self.clock.temperature(step)
+        changed = None if constrained is None else constrained[0].to("cpu").numpy().astype(bool)
         self._rows.append((block, step, ids, np.packbits(acc), ent, np.packbits(by_stop),
-                           None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1))
+                           None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1,
+                           None if changed is None else np.packbits(changed)))
         return Frame(block, step, t, temperature, _frozen(ids), _frozen(acc), _frozen(ent), _frozen(by_stop),
-                     None if pin is None else _frozen(pin))
+                     None if pin is None else _frozen(pin), None if changed is None else _frozen(changed))
 
     def end_block(self, stopped_early: bool) -> None:
         self.stopped_early.append(stopped_early)
 
-    def _pins(self) -> np.ndarray | None:
-        if all(r[6] is None for r in self._rows):
+    def _bits(self, k: int) -> np.ndarray | None:
+        """Column `k` of packed masks (pins, constraint), or None when no step has one."""
+        if all(r[k] is None for r in self._rows):
             return None
         blank = np.zeros((self.canvas_length + 7) // 8, np.uint8)
-        return _frozen(np.array([blank if r[6] is None else r[6] for r in self._rows], np.uint8))
+        return _frozen(np.array([blank if r[k] is None else r[k] for r in self._rows], np.uint8))
 
     def finish(self, context: dict | None = None, run_id: str = "", scheduler: tuple = ()) -> CanvasTrace:
         """The frozen trace; `scheduler` is (diffusers name, its config) when not the plain EntropyBound."""
@@ -219,6 +230,6 @@ class Recorder:
             ids=_frozen(col(2, np.int32, (0, L))), accepted_bits=_frozen(col(3, np.uint8, packed)),
             entropy=_frozen(col(4, np.float16, (0, L))), scheduler_name=name, context=context,
             block_stopped_early=tuple(self.stopped_early), stop_bits=_frozen(col(5, np.uint8, packed)),
-            run_id=run_id, token_strings=self.token_strings, pinned_bits=self._pins(), times=_frozen(times),
+            run_id=run_id, token_strings=self.token_strings, pinned_bits=self._bits(6), times=_frozen(times),
             knob_sets=tuple(self.knob_sets), knob_index=_frozen(col(9, np.uint8, (0,))),
-            scheduler_settings=settings)
+            scheduler_settings=settings, constrained_bits=self._bits(10))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..dgemma.constraint import KINDS
 from ..dgemma.demo import DEMO_NAME
 from ..dgemma.knobs import KNOBS, SEED_MAX
 from ..dgemma.loading import DEVICES, DTYPES
@@ -50,6 +51,11 @@ def generate_args() -> list[Arg]:
         *[knob_arg(n, s) for n, s in SCHEDULER_KNOBS.items()],
         *window_args(),
         text_arg("pins", PINS_HELP),
+        choice_arg("constraint_type", KINDS, KINDS[0], "What constraint is: a JSON Schema, a regex the whole answer "
+                                                       "matches, or a choice (one option per line)."),
+        Arg("constraint", {"type": ["string", "object"], "default": "", "description":
+                           "The answer's constraint, of constraint_type (a JSON Schema as text or an object); empty: "
+                           "none. canvas_state.constraint says whether the answer satisfied it."}),
         text_arg("resume", "Handle of a paused run (paused_handle of an earlier call) to continue exactly; the "
                            "prompt, context, image, gen_length, num_inference_steps, thinking and scheduler are "
                            "the paused run's."),

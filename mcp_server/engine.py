@@ -62,6 +62,7 @@ class Request:
     end_step: int = 1024
     pins: str = ""
     resume: str = ""
+    constraint: object = None                         # a dgemma Constraint; None: unconstrained
 
 
 class Engine:
@@ -166,7 +167,7 @@ class Engine:
                     on_frame(f, run.steps_done)
 
             result = generate(dm, req.prompt, knobs, context=context, image=req.image, on_frame=frame,
-                              should_cancel=run.cancel.is_set, advanced=advanced)
+                              should_cancel=run.cancel.is_set, advanced=advanced, constraint=req.constraint)
             handle = self.keep(dm, result)
         return dm, result, handle
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import json
 from contextlib import contextmanager
 
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ImageContent, ResourceLink, TextContent
 
+from ..dgemma.constraint import Constraint
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import KNOBS, Knobs
 from ..dgemma.schedulers import SCHEDULER_KNOBS, budget
@@ -44,8 +46,10 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
     knobs["seed"] = inputs.seed(knobs["seed"])
     scheduling = {"name": pick("scheduler"), **{name: pick(name) for name in SCHEDULER_KNOBS}}
     prompt = v["prompt"] if raw.get("prompt") is not None or resume is None else resume.prompt
+    rule = v["constraint"]  # the SDK hands a JSON Schema over as an object
+    constraint = Constraint(v["constraint_type"], json.dumps(rule) if isinstance(rule, dict) else rule)
     return Request(prompt, knobs, v["context"], v["context_handle"], picture, scheduling,
-                   inputs.start_step(v["start_step"], resume), v["end_step"], pick("pins"), v["resume"])
+                   inputs.start_step(v["start_step"], resume), v["end_step"], pick("pins"), v["resume"], constraint)
 
 
 def check_with_resume(resume, raw: dict) -> None:

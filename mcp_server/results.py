@@ -18,7 +18,8 @@ class CanvasStateOut(BaseModel):
     thought: str | None = _f("The thought channel's text, when the model thought; else null.")
     turn_closed: bool = _f("The model emitted end-of-turn (not: the canvas ran out).")
     answer_tokens: int = _f("Tokens in the answer.")
-    finished_honestly: bool = _f("The turn closed with an answer that fills every pinned blank.")
+    finished_honestly: bool = _f("The turn closed with an answer that fills every pinned blank and "
+                                  "satisfies the constraint, when there is one.")
     converged: bool = _f("Every block stopped adaptively or accepted its whole canvas.")
     committed_fraction: float = _f("Share of the last canvas the scheduler had accepted at the last step (0..1).")
     steps_used: int = _f("Denoising steps executed, all blocks together.")
@@ -29,6 +30,8 @@ class CanvasStateOut(BaseModel):
     pins_skipped: list[int] = _f("Answer positions whose pins never reached a canvas (the answer ended first, or "
                                  "they lie past gen_length).", [])
     warnings: list[str] = _f("Readings that qualify the answer, in words.", [])
+    constraint: dict[str, Any] | None = _f("A constrained run's verdict: kind, text, sha256, satisfied, reason (why "
+                                           "not) and changed_positions; null when unconstrained.", None)
     run_id: str = _f("Id shared by this run's trace, config and run log.")
 
 

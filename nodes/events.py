@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dgemma.states import hex_palette, position_states
+from ..dgemma.states import NAMES, hex_palette, position_states
 from ..dgemma.trace import frame_from_row
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
@@ -26,10 +26,14 @@ def _piece(text: str) -> str:
 def step_states(frame, previous) -> str:
     """State digits of `frame`; `previous` is the step before in the same run, or None."""
     rows = [frame] if previous is None else [previous, frame]
-    pinned = None if frame.pinned is None else np.stack([
-        f.pinned if f.pinned is not None else np.zeros_like(f.accepted) for f in rows])
+    def masks(name):
+        if getattr(frame, name) is None:
+            return None
+        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.accepted)
+                         for f in rows])
+
     states = position_states(np.stack([f.ids for f in rows]), np.stack([f.accepted for f in rows]),
-                             np.array([f.block for f in rows]), pinned)[-1]
+                             np.array([f.block for f in rows]), masks("pinned"), masks("constrained"))[-1]
     return "".join(map(str, states.tolist()))
 
 
@@ -45,7 +49,8 @@ class StepStream:
     def start(self, resumed_rows=()) -> dict:
         """The run's start; a resumed run also carries where it resumes, so the view continues from it."""
         event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
-                 "canvas_length": self.canvas_length, "palette": hex_palette()}
+                 "canvas_length": self.canvas_length, "palette": hex_palette(),
+                 "states": list(NAMES)}
         if resumed_rows:
             frames = [frame_from_row(r, self.canvas_length) for r in resumed_rows[-2:]]
             self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dgemma.backend import backend_of
+from ..dgemma.backend import backend_of, constraint_options
 from ..dgemma.images import render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
@@ -15,6 +15,8 @@ from .schema import (
     RESUME_HINTS,
     SAMPLER_OUTPUTS,
     comfy_hints,
+    constraint_inputs,
+    constraint_of,
     context_input,
     image_input,
     knob_inputs,
@@ -27,13 +29,15 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
                 "a kv_cache wired for pure injection (the cache alone conditions the canvas).")
 
 
-def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, **knobs):
+def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, constraint=None,
+             **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
     engine = backend_of(model)  # this process's engine, or a remote model's server
     resuming = advanced is not None and advanced.resume is not None
     with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
+        options = constraint_options(model, constraint, knobs.gen_length)
     blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
     stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
                         model.token_strings)
@@ -55,7 +59,8 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
     try:
         with comfy_hints():
             result = engine.run(model, prompt, knobs, context=kv_cache, image=image, on_frame=on_frame,
-                                should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced)
+                                should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced,
+                                **options)
     except BaseException as err:
         if live:
             ended = stream.failed(err)
@@ -116,8 +121,10 @@ class DGemmaDenoise(DGemmaSampler):
     def INPUT_TYPES(cls):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
-        spec["optional"] = {"kv_cache": context_input(), "image": image_input()}
+        spec["optional"] = {"kv_cache": context_input(), "image": image_input(), **constraint_inputs()}
         return spec
 
-    def denoise(self, model, prompt, kv_cache=None, image=None, unique_id=None, **knobs):
-        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advance=True, image=image, **knobs)
+    def denoise(self, model, prompt, kv_cache=None, image=None, unique_id=None, constraint_type=None,
+                constraint=None, **knobs):
+        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advance=True, image=image,
+                        constraint=constraint_of(constraint_type, constraint), **knobs)

@@ -13,6 +13,8 @@ from .schema import (
     RESUME_HINTS,
     SAMPLER_OUTPUTS,
     comfy_hints,
+    constraint_inputs,
+    constraint_of,
     context_input,
     image_input,
     knob_inputs,
@@ -70,6 +72,7 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
             "canvas_state": (CANVAS_STATE, {"tooltip": STATE_IN_TOOLTIP}),
             "image": image_input(),
             **knob_inputs(SCHEDULER_KNOBS),
+            **constraint_inputs(),
         }
         return spec
 
@@ -85,10 +88,13 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         return True
 
     def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
-                        canvas_state=None, image=None, unique_id=None, **knobs):
+                        canvas_state=None, image=None, unique_id=None, constraint_type=None, constraint=None,
+                        **knobs):
         own = {k: knobs.pop(k) for k in list(knobs) if k in SCHEDULER_KNOBS}
         with comfy_hints(RESUME_HINTS):
             resume = resume_of(canvas_state)
         with comfy_hints():
             advanced = Advanced(Scheduling(scheduler, **own), start_step, end_step, pins, resume)
-        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, image=image, **knobs)
+            rule = constraint_of(constraint_type, constraint)
+        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, image=image,
+                        constraint=rule, **knobs)

@@ -96,6 +96,30 @@ def image_input() -> tuple:
     return ("IMAGE", {"tooltip": IMAGE_TOOLTIP})
 
 
+CONSTRAINT_TYPE_TOOLTIP = ("What the constraint text is: json_schema (a JSON Schema the answer must validate "
+                           "against), regex (a regular expression the whole answer matches) or choice (one option "
+                           "per line; the answer is exactly one of them).")
+CONSTRAINT_TOOLTIP = ("The answer's constraint, of constraint_type (text; empty: unconstrained, the same tokens as "
+                      "without it). Positions the constraint changed show violet; canvas_state says whether the "
+                      "answer satisfied it.")
+
+
+def constraint_inputs() -> dict:
+    from ..dgemma.constraint import KINDS
+
+    return {"constraint_type": (list(KINDS), {"default": KINDS[0], "tooltip": CONSTRAINT_TYPE_TOOLTIP}),
+            "constraint": ("STRING", {"multiline": True, "default": "", "tooltip": CONSTRAINT_TOOLTIP})}
+
+
+def constraint_of(kind, text):
+    """The engine's Constraint from the two widgets (None when the text is empty), refused with the reason."""
+    from ..dgemma.constraint import Constraint
+
+    with comfy_hints():
+        found = Constraint(kind if kind is not None else "json_schema", text if text is not None else "")
+    return found if found.active else None
+
+
 def context_input() -> tuple:
     return (KV_CACHE, {"tooltip": "Encoded CONTEXT from DGemmaEncode (raw text, no chat framing); leave unwired "
                                   "for a plain run."})

@@ -102,6 +102,16 @@ def test_generate_answers_seven_with_a_progress_notification_per_step(demo_model
     assert Path(out["gif"]).parent == tmp_path
 
 
+def test_generate_takes_a_constraint_and_refuses_a_bad_one(demo_model):
+    srv = serve(demo_model)
+    out = call(srv, "generate", {"prompt": "What is 3+4?", "constraint_type": "choice",
+                                 "constraint": "yes\nno"}).structured_content
+    assert out["text"] in ("yes", "no") and out["canvas_state"]["constraint"]["satisfied"]
+    assert out["config"]["constraint"]["kind"] == "choice"
+    bad = call(srv, "generate", {"prompt": "What is 3+4?", "constraint": '{"type": "array", "uniqueItems": true}'})
+    assert bad.is_error and "uniqueItems" in str(bad.content)
+
+
 def test_encode_then_generate_with_the_handle_leaves_the_context_untouched(demo_model):
     srv = serve(demo_model)
     encoded = call(srv, "encode", {"text": "a=3, b=4."}).structured_content

@@ -15,12 +15,12 @@ HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "p
           "num_inference_steps_requested", "num_inference_steps_effective", "gen_length", "t_min", "t_max",
           "entropy_bound", "confidence", "thinking", "scheduler_name", "scheduler_config", "quant", "device",
           "dtype", "canvas_length", "injection_present", "injected_cache_provenance", "image_present", "image",
-          "block_stopped_early", "knob_sets", "advanced"}
+          "block_stopped_early", "knob_sets", "advanced", "constraint"}
 FRAME = {"record_type", "block", "step", "t", "temperature", "committed_fraction", "entropy_summary",
          "decoded_text", "canvas_ids", "accepted", "stop_committed", "tokens", "knob_set"}
 FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed_fraction", "turn_closed",
          "answer_tokens", "thought", "stray_thought_delimiter", "finished_honestly", "paused",
-         "pins_applied", "pins_skipped", "blanks_unfilled", "warnings"}
+         "pins_applied", "pins_skipped", "blanks_unfilled", "warnings", "constraint"}
 
 
 @pytest.fixture(scope="module")

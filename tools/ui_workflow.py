@@ -34,13 +34,13 @@ VIEW = {"scale": 1.0, "offset": [80, 170]}  # where it opens: below the Run bar,
 # this, and a sampler grows by the progress line under it once it runs (included here). Video Combine
 # grows by its GIF preview after a run, so a template leaves room below it.
 MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaRemoteLoader": (210, 130),
-            "DGemmaSampler": (224, 586), "DGemmaDenoise": (287, 606),
-            "DGemmaEncode": (283, 128), "DGemmaTrace": (210, 126), "DGemmaSamplerAdvanced": (289, 832),
+            "DGemmaSampler": (224, 586), "DGemmaDenoise": (287, 666),
+            "DGemmaEncode": (283, 128), "DGemmaTrace": (210, 126), "DGemmaSamplerAdvanced": (289, 892),
             "PreviewAny": (210, 112), "PreviewImage": (140, 26), "EmptyImage": (210, 130),
             "VHS_VideoCombine": (210, 238), "Note": (210, 88)}
 T = {"DGemmaLoader": (340, 200), "DGemmaRemoteLoader": (340, 140),
-     "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 610),
-     "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (420, 832)}
+     "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 670),
+     "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (420, 892)}
 
 TEMPLATES = {
     "diffusiongemma_start_here": {
@@ -119,7 +119,7 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_chain": {
         "source": "advanced_chain",
-        "view": {"scale": 0.9, "offset": [80, 160]},
+        "view": {"scale": 0.85, "offset": [80, 160]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
                   "3": (800, 0, *T["DGemmaSamplerAdvanced"]), "4": (1240, 0, 340, 130),
                   "5": (1240, 170, 340, 238)},
@@ -131,8 +131,8 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_infill": {
         "source": "advanced_infill",
-        "view": {"scale": 0.9, "offset": [80, 160]},
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 832),
+        "view": {"scale": 0.85, "offset": [80, 160]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 892),
                   "3": (820, 0, 340, 130), "4": (820, 170, 340, 140), "5": (820, 350, 340, 220)},
         "notes": [
             ((0, 240, 340, 220), "Pins hold text in place (blue in every view). ___{1} is one free position, "
@@ -140,13 +140,26 @@ TEMPLATES = {
              "still answers seven."),
         ],
     },
+    "diffusiongemma_structured": {
+        "source": "structured",
+        "view": {"scale": 0.8, "offset": [80, 130]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaDenoise"]),
+                  "4": (820, 0, *T["DGemmaSamplerAdvanced"]), "3": (1260, 0, 320, 112),
+                  "5": (1260, 150, 320, 112), "6": (1260, 300, 320, 250)},
+        "notes": [
+            ((0, 240, 340, 300), "Every answer satisfies its constraint. Left, a choice (one option per line): the "
+             "demo already answers seven, so nothing changes. Right, a JSON Schema: the demo never learned JSON, "
+             "so the constraint writes braces and keys (violet: changed by it). canvas_state says whether it was "
+             "satisfied."),
+        ],
+    },
     # Three samplers in a row; their GIFs in a column left of the minimap (the only column that reaches
     # below it), their answers in the column above it. At 0.8 nothing else fits beside three samplers.
     "diffusiongemma_advanced_schedulers": {
         "source": "advanced_schedulers",
         "view": {"scale": 0.8, "offset": [80, 170]},
-        "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 320, 832), "3": (660, 0, 320, 832),
-                  "4": (1000, 0, 320, 832), "8": (1340, 0, 220, 238), "9": (1340, 310, 220, 238),
+        "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 320, 892), "3": (660, 0, 320, 892),
+                  "4": (1000, 0, 320, 892), "8": (1340, 0, 220, 238), "9": (1340, 310, 220, 238),
                   "10": (1340, 620, 220, 238), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),
                   "7": (1580, 320, 270, 112)},
         "notes": [

@@ -5,13 +5,13 @@
 //
 // It paints inside its own element: a header line (block · step · T · committed), the final
 // text of the blocks already finished, then the current canvas with one span per position,
-// styled by its state ("0" noise, "1" new, "2" settled, "3" pinned) in the colours the start event carries
-// (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
+// styled by its state (digit i is the start event's states[i]: noise, new, settled, pinned, constrained) in the
+// colours the start event carries (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
 // animation frame, so hundreds of steps cost no more DOM than one.
 
 const STYLE_ID = "dgemma-live-view-style";
-const STATE_CLASS = { "0": "dg-noise", "1": "dg-new", "2": "dg-settled", "3": "dg-pinned" };
-const PALETTE_VARS = { noise: "--dg-noise", new: "--dg-new", settled: "--dg-settled", pinned: "--dg-pinned" };
+const DEFAULT_STATES = ["noise", "new", "settled", "pinned", "constrained"];
+const STATE_NAME = /^[a-z]+$/;
 
 const CSS = `
 .dgemma-view { box-sizing: border-box; display: flex; flex-direction: column; width: 100%;
@@ -25,6 +25,7 @@ const CSS = `
 .dgemma-view .dg-noise { color: var(--dg-noise); }
 .dgemma-view .dg-settled { color: var(--dg-settled); }
 .dgemma-view .dg-pinned { color: var(--dg-pinned); text-decoration: underline dotted; }
+.dgemma-view .dg-constrained { color: var(--dg-constrained); text-decoration: underline wavy; }
 .dgemma-view .dg-new { color: var(--dg-new); background: color-mix(in srgb, var(--dg-new) 22%, transparent);
   border-radius: 2px; }
 .dgemma-view.dg-idle .dg-header { color: #6b7480; }
@@ -81,6 +82,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   let finished = [];     // final text of each finished block, in order
   let last = null;       // latest step event of the current block
   let doneEv = null;
+  let stateClass = Object.fromEntries(DEFAULT_STATES.map((n, i) => [String(i), `dg-${n}`]));
   let headerText = "";
   let pending = 0;
   let handle = null;
@@ -156,7 +158,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     for (let i = 0; i < n; i++) {
       const tok = String(tokens[i] ?? "");
       if (tok !== shownTok[i]) { spans[i].firstChild.data = tok; shownTok[i] = tok; }
-      const cls = (settledNow && state[i] === "1") ? "dg-settled" : STATE_CLASS[state[i]] || "dg-noise";
+      const cls = (settledNow && stateClass[state[i]] === "dg-new") ? "dg-settled" : stateClass[state[i]] || "dg-noise";
       if (cls !== shownState[i]) { spans[i].className = cls; shownState[i] = cls; }
     }
   }
@@ -193,8 +195,10 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       stats.events += 1;
       view.reset();
       run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
+      const names = Array.isArray(ev?.states) ? ev.states.map(String) : DEFAULT_STATES;
+      stateClass = Object.fromEntries(names.filter((n) => STATE_NAME.test(n)).map((n) => [String(names.indexOf(n)), `dg-${n}`]));
       for (const [name, colour] of Object.entries(ev?.palette ?? {})) {
-        if (PALETTE_VARS[name] && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(PALETTE_VARS[name], colour);
+        if (STATE_NAME.test(name) && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(`--dg-${name}`, colour);
       }
       // A resumed run continues from the canvas where the earlier sampler paused, not from noise.
       const resumed = ev?.resumed;

@@ -260,6 +260,23 @@ try {
     assert(Math.abs(tops[3] - tops[2]) < 2, `" same" should stay on the line of "second": tops ${tops}`);
   });
 
+  await check("state names and colours come from the start event (constrained positions)", async () => {
+    const r = await page.evaluate(async () => {
+      const aux = createCanvasView(document.getElementById("aux"));
+      aux.start({ node: "x", blocks: 1, steps: 1, canvas_length: 3, states: ["noise", "new", "settled", "pinned",
+        "constrained"], palette: { constrained: "#c878ff" } });
+      aux.step({ node: "x", block: 0, step: 0, blocks: 1, steps: 1, t: 1, T: 0.8, committed: 1,
+        tokens: ["{", "a", "}"], state: "412" });
+      await frames2();
+      const spans = [...aux.element.querySelectorAll(".dg-canvas > span")];
+      const out = { classes: spans.map((s) => s.className), colour: getComputedStyle(spans[0]).color };
+      aux.destroy();
+      return out;
+    });
+    assertEq(r.classes.join(" "), "dg-constrained dg-new dg-settled", "classes by state name");
+    assertEq(r.colour, "rgb(200, 120, 255)", "the constrained colour from the start event");
+  });
+
   await check("(d) 500 steps over 5 blocks: bounded DOM, coalesced paints, right text", async () => {
     const base = STEPS.slice(0, 12);
     const blocks = 5, per = 100;

@@ -1,0 +1,123 @@
+"""The answer's token automaton: outlines-core's DFA, plus the thought channel before it and the end after it.
+
+States are outlines-core's, plus three of ours: START (nothing written yet: the answer may begin,
+or a thought channel may open), THOUGHT (inside the channel: anything but EOS, until it closes;
+the thought is not constrained) and DONE (EOS written from an accepting state: what follows is
+padding, never part of the answer). `dist` is the fewest tokens from a state to DONE, so a run
+knows whether an answer can still end in the positions left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from .constraint_vocab import token_bytes
+from .errors import InputError
+
+START, THOUGHT, DONE = -1, -2, -3
+
+
+class Automaton:
+    """Token transitions of one constraint for one tokenizer; `next_state` is memoised."""
+
+    def __init__(self, index, eos_ids, channel_ids, pad_id: int):
+        self.index = index
+        self.initial = index.get_initial_state()
+        self.finals = frozenset(index.get_final_states())
+        self.eos = frozenset(eos_ids)
+        self.open, self.close = channel_ids or (None, None)
+        self.pad = pad_id
+        self._memo: dict = {}
+        self.dist, self.toward = _distances(index.get_transitions(), self.finals)
+        self.dist[DONE] = 0
+        self.dist[START] = self.dist.get(self.initial, math.inf)
+        self.dist[THOUGHT] = self.dist[START] + 1
+
+    @classmethod
+    def build(cls, outlines_core, regex: str, dm) -> Automaton:
+        tok = dm.tokenizer
+        vocab = outlines_core.Vocabulary(int(dm.eos_ids[0]), token_bytes(tok))
+        try:
+            index = outlines_core.Index(regex, vocab)
+        except ValueError as err:
+            raise InputError("constraint", f"the constraint cannot be compiled for this model's tokenizer: "
+                                           f"{str(err).splitlines()[0][:300]}") from None
+        pad = tok.pad_token_id if tok.pad_token_id is not None else int(dm.eos_ids[0])
+        return cls(index, dm.eos_ids, dm.channel_ids, pad)
+
+    def next_state(self, state: int, token: int):
+        """The state after writing `token` in `state`, or None where the constraint forbids it."""
+        if state == DONE:
+            return DONE
+        if token in self.eos:
+            return DONE if state in self.finals or (state == START and self.initial in self.finals) else None
+        if state == THOUGHT:
+            return self.initial if token == self.close else THOUGHT
+        if state == START:
+            if token == self.open:
+                return THOUGHT
+            state = self.initial
+        key = (state, token)
+        found = self._memo.get(key, key)
+        if found is key:
+            found = self._memo[key] = self.index.get_next_state(state, token)
+        return found
+
+    def run(self, state: int, ids):
+        """The state after writing `ids`, or None once one is forbidden."""
+        for token in ids:
+            state = self.next_state(state, int(token))
+            if state is None:
+                return None
+        return state
+
+    def shortest(self, state: int, length: int) -> list[int]:
+        """`length` tokens from `state` along a shortest way to DONE, padded after it."""
+        out = []
+        while len(out) < length:
+            if state == DONE:
+                out.append(self.pad)
+                continue
+            token, state = self.toward_token(state)
+            out.append(token)
+        return out
+
+    def toward_token(self, state: int) -> tuple[int, int]:
+        if state == THOUGHT:
+            return self.close, self.initial
+        if state == START:
+            state = self.initial
+        if state in self.finals:
+            return next(iter(self.eos)), DONE
+        token, nxt = self.toward[state]
+        return token, nxt
+
+
+def _distances(transitions: dict, finals) -> tuple[dict, dict]:
+    """(fewest tokens to DONE per state, (token, next state) one step closer) by a backward search."""
+    succ = {}
+    for state, moves in transitions.items():
+        ways = {nxt: token for token, nxt in moves.items()}
+        ways.pop(state, None)  # a loop never brings the end closer (EOS loops on accepting states too)
+        succ[state] = ways
+    before: dict = {}
+    for state, ways in succ.items():
+        for nxt in ways:
+            before.setdefault(nxt, []).append(state)
+    dist = {s: 1 for s in finals}
+    queue = deque(finals)
+    while queue:
+        nxt = queue.popleft()
+        for state in before.get(nxt, ()):
+            if state not in dist:
+                dist[state] = dist[nxt] + 1
+                queue.append(state)
+    toward = {}
+    for state, ways in succ.items():
+        if state in dist and state not in finals:
+            nxt = min(ways, key=lambda s: dist.get(s, math.inf))
+            toward[state] = (ways[nxt], nxt)
+    for state in transitions:
+        dist.setdefault(state, math.inf)
+    return dist, toward

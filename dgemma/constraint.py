@@ -1,0 +1,187 @@
+"""A constraint on the answer: JSON Schema, regex or a choice, checked and compiled to a token automaton.
+
+`Constraint(kind, text)` is what callers build (nodes, MCP, scripts); empty text means no
+constraint. Everything that can be refused is refused here, before any model work: invalid JSON,
+a schema keyword the compiler would silently ignore (named), a regex that does not compile, an
+empty choice list, an answer that cannot fit in the run's positions. outlines-core turns the
+constraint into a regular expression and a token-level automaton (decision 0017).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass
+
+from .errors import InputError
+
+KINDS = ("json_schema", "regex", "choice")
+MAX_TEXT = 20_000
+MAX_INT_SPAN = 1000  # an integer range becomes an enum of its values
+INSTALL = "pip install outlines-core (it is in the pack's requirements.txt)"
+
+# Schema keywords the compiled automaton enforces; any other keyword is refused by name rather
+# than silently ignored. Integer bounds are rewritten into an enum before compiling.
+SUPPORTED = {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
+             "maxItems", "enum", "const", "pattern", "minLength", "maxLength", "anyOf", "oneOf", "allOf", "$ref",
+             "$defs", "definitions", "format", "title", "description", "default", "examples", "$schema", "$id",
+             "$comment"}
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _json_type_is(schema: dict, name: str) -> bool:
+    return schema.get("type") == name
+
+
+def _integer_enum(schema: dict, where: str) -> dict:
+    """An integer with both bounds as an enum of its values (the compiler ignores bounds)."""
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if "exclusiveMinimum" in schema:
+        lo = schema["exclusiveMinimum"] + 1
+    if "exclusiveMaximum" in schema:
+        hi = schema["exclusiveMaximum"] - 1
+    if not (isinstance(lo, int) and isinstance(hi, int)) or isinstance(lo, bool) or isinstance(hi, bool):
+        raise InputError("constraint", f"integer bounds at {where} need both a minimum and a maximum as integers, "
+                                       f"got minimum={lo!r} maximum={hi!r}; give both")
+    if hi < lo:
+        raise InputError("constraint", f"integer at {where} has maximum {hi} below minimum {lo}; no value fits")
+    if hi - lo >= MAX_INT_SPAN:
+        raise InputError("constraint", f"integer at {where} spans {hi - lo + 1} values, over {MAX_INT_SPAN}; "
+                                       "narrow minimum/maximum or use a pattern on a string")
+    rest = {k: v for k, v in schema.items() if k not in BOUNDS and k != "type"}
+    return {**rest, "enum": list(range(lo, hi + 1))}
+
+
+def check_schema(schema, where: str = "#") -> dict:
+    """The schema with integer bounds rewritten; refuses keywords that would not be enforced."""
+    if isinstance(schema, bool):
+        return schema
+    if not isinstance(schema, dict):
+        raise InputError("constraint", f"the JSON Schema at {where} must be an object, got {type(schema).__name__}")
+    if any(k in schema for k in BOUNDS):
+        if not _json_type_is(schema, "integer"):
+            bound = next(k for k in BOUNDS if k in schema)
+            raise InputError("constraint", f"unsupported schema keyword {bound!r} at {where} (only integers may be "
+                                           "bounded); remove it or make the value an integer")
+        schema = _integer_enum(schema, where)
+    for key in schema:
+        if key not in SUPPORTED:
+            raise InputError("constraint", f"unsupported schema keyword {key!r} at {where}: it would not be "
+                                           f"enforced; remove it (supported: {', '.join(sorted(SUPPORTED))})")
+    out = dict(schema)
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {n: check_schema(sub, f"{where}/{key}/{n}") for n, sub in value.items()}
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
+            out[key] = [check_schema(sub, f"{where}/{key}/{i}") for i, sub in enumerate(value)]
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = check_schema(value, f"{where}/{key}")
+    return out
+
+
+def _escape(text: str) -> str:
+    """A literal for the automaton's regex syntax: every ASCII symbol as a \\x{..} escape."""
+    return "".join(c if c.isalnum() or ord(c) > 127 or c == " " else f"\\x{{{ord(c):x}}}" for c in text)
+
+
+def choices(text: str) -> list[str]:
+    return [line.strip() for line in text.split("\n") if line.strip()]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the answer must be: `kind` json_schema, regex or choice, and its text (empty: none)."""
+
+    kind: str = "json_schema"
+    text: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InputError("constraint_type", f"constraint_type must be one of {', '.join(KINDS)}, got "
+                                                f"{self.kind!r}")
+        if not isinstance(self.text, str):
+            raise InputError("constraint", f"constraint must be text, got {type(self.text).__name__}")
+        if len(self.text) > MAX_TEXT:
+            raise InputError("constraint", f"constraint is {len(self.text)} characters, over {MAX_TEXT}")
+        if self.active:
+            self.regex  # noqa: B018 - refuse bad text on construction
+
+    @property
+    def active(self) -> bool:
+        """Only the empty text means no constraint; blank text is refused, as it is likely a mistake."""
+        return self.text != ""
+
+    @property
+    def regex(self) -> str:
+        """The regular expression the answer must match in full."""
+        if self.kind == "choice":
+            options = choices(self.text)
+            if not options:
+                raise InputError("constraint", "the choice list is empty; write one option per line")
+            return "(" + "|".join(_escape(o) for o in options) + ")"
+        if self.kind == "regex":
+            return _checked_regex(self.text.strip())
+        return _schema_regex(self.text)
+
+    def summary(self) -> dict:
+        """The constraint as the run log's header records it: kind, text and a short hash."""
+        digest = hashlib.sha256(f"{self.kind}\n{self.text}".encode()).hexdigest()[:16]
+        return {"kind": self.kind, "text": self.text, "sha256": digest}
+
+
+def _checked_regex(text: str) -> str:
+    if not text:
+        raise InputError("constraint", "the regex is blank; write a pattern, or leave constraint empty for none")
+    try:
+        re.compile(text)
+    except re.error as err:
+        raise InputError("constraint", f"the regex {text[:80]!r} does not compile: {err}; fix it") from None
+    if re.search(r"\(\?[=!<]|\\[1-9]", text):
+        raise InputError("constraint", f"the regex {text[:80]!r} uses lookaround or a backreference, which a "
+                                       "finite automaton cannot enforce; rewrite it without them")
+    return text
+
+
+def _schema_regex(text: str) -> str:
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError("constraint", f"the JSON Schema is not valid JSON ({err.msg} at line {err.lineno} column "
+                                       f"{err.colno}); fix the text") from None
+    schema = check_schema(schema)
+    build = _outlines().json_schema.build_regex_from_schema
+    try:
+        return build(json.dumps(schema))
+    except (ValueError, TypeError) as err:
+        raise InputError("constraint", f"the JSON Schema cannot be compiled: {str(err).splitlines()[0]}") from None
+
+
+def _outlines():
+    try:
+        import outlines_core
+    except ImportError:
+        raise InputError("constraint", f"a constraint needs the outlines-core package, which is not installed; "
+                                       f"{INSTALL}") from None
+    return outlines_core
+
+
+_compiled: dict = {}
+_lock = threading.Lock()
+KEEP = 4  # compiled automata kept; one at the real vocabulary is a few hundred MB while it builds
+
+
+def automaton(dm, constraint: Constraint):
+    """The constraint's token automaton for this model's tokenizer, compiled once and kept."""
+    from .automaton import Automaton
+
+    key = (dm.tokenizer_fingerprint, constraint.kind, constraint.text)
+    with _lock:
+        found = _compiled.get(key)
+        if found is None:
+            found = Automaton.build(_outlines(), constraint.regex, dm)
+            if len(_compiled) >= KEEP:
+                _compiled.pop(next(iter(_compiled)))
+            _compiled[key] = found
+    return found

@@ -1,0 +1,23 @@
+"""What each token id writes, as bytes: the vocabulary a token-level automaton is compiled over."""
+
+from __future__ import annotations
+
+import re
+
+_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def token_bytes(tokenizer) -> dict[bytes, list[int]]:
+    """{bytes: [ids]} of every ordinary token; control and added tokens never belong to an answer.
+
+    SentencePiece pieces write `▁` as a space, and `<0xNN>` byte-fallback pieces write one byte.
+    """
+    added = set(tokenizer.get_added_vocab().values()) | set(tokenizer.all_special_ids)
+    out: dict[bytes, list[int]] = {}
+    for piece, i in tokenizer.get_vocab().items():
+        if i in added or not piece:
+            continue
+        byte = _BYTE.match(piece)
+        raw = bytes([int(byte.group(1), 16)]) if byte else piece.replace("▁", " ").encode("utf-8")
+        out.setdefault(raw, []).append(i)
+    return out
