@@ -76,7 +76,7 @@ def result_parts(data: dict, rows: list, canvas_length: int, token_strings):
     order; `recorded` is what resuming the run starts from, as `Recorder.snapshot()` gives it."""
     meta, cfg = data["trace"], data["config"]
     knobs = knobs_of(cfg)
-    rows = [r[:9] + (int(k),) for r, k in zip(rows, meta["knob_index"])]
+    rows = [r[:9] + (int(k), None) for r, k in zip(rows, meta["knob_index"])]  # remote runs take no constraint
     recorder = Recorder(knobs, canvas_length, token_strings,
                         resumed=(rows, tuple(meta["block_stopped_early"]), tuple(meta["knob_sets"])))
     trace = recorder.finish(context=meta["context"], run_id=cfg["run_id"],
@@ -87,5 +87,5 @@ def result_parts(data: dict, rows: list, canvas_length: int, token_strings):
     state = CanvasState(**values)
     config = RunConfig(prompt=cfg["prompt"], knobs=knobs, model_source=cfg["model_source"], quant=cfg["quant"],
                        device=cfg["device"], dtype=cfg["dtype"], context=cfg["context"], run_id=cfg["run_id"],
-                       image=cfg["image"], advanced=cfg.get("advanced"))
+                       image=cfg["image"], advanced=cfg.get("advanced"), constraint=cfg.get("constraint"))
     return state, trace, config, recorder.snapshot()

@@ -119,7 +119,7 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_chain": {
         "source": "advanced_chain",
-        "view": {"scale": 0.85, "offset": [80, 160]},
+        "view": {"scale": 0.84, "offset": [80, 160]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
                   "3": (800, 0, *T["DGemmaSamplerAdvanced"]), "4": (1240, 0, 340, 130),
                   "5": (1240, 170, 340, 238)},
@@ -131,7 +131,7 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_infill": {
         "source": "advanced_infill",
-        "view": {"scale": 0.85, "offset": [80, 160]},
+        "view": {"scale": 0.84, "offset": [80, 160]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 892),
                   "3": (820, 0, 340, 130), "4": (820, 170, 340, 140), "5": (820, 350, 340, 220)},
         "notes": [
@@ -142,7 +142,7 @@ TEMPLATES = {
     },
     "diffusiongemma_structured": {
         "source": "structured",
-        "view": {"scale": 0.8, "offset": [80, 130]},
+        "view": {"scale": 0.8, "offset": [80, 170]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaDenoise"]),
                   "4": (820, 0, *T["DGemmaSamplerAdvanced"]), "3": (1260, 0, 320, 112),
                   "5": (1260, 150, 320, 112), "6": (1260, 300, 320, 250)},
