@@ -145,7 +145,8 @@ def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace, pins=Non
     opened, closed = dm.channel_ids or (-1, -1)
     cut = excise(raw_ids, opened, closed, dm.eos_ids)
     end = next((i for i, t in enumerate(raw_ids) if t in dm.eos_ids), len(raw_ids))
-    pinned = pin_report(pins, raw_ids, end, dm.tokenizer.all_special_ids)
+    # The thought channel's delimiters are the model's writing; padding and end tokens are not.
+    pinned = pin_report(pins, raw_ids, end, set(dm.tokenizer.all_special_ids) - set(dm.channel_ids or ()))
     text = dm.tokenizer.decode(list(cut.answer), skip_special_tokens=True).strip()
     accepted = trace.accepted
     last_of_block = np.flatnonzero(np.diff(np.append(trace.blocks, -1)) != 0)
