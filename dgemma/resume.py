@@ -95,12 +95,9 @@ def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pi
                 resume=None if resume is None else resume.paused)
 
 
-def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Scheduling, image=None) -> None:
-    """Refuse a canvas_state that cannot continue into this run, naming what differs and the fix."""
-    if not isinstance(resume, Resume):
-        raise InputError("canvas_state", f"canvas_state must be the canvas_state of a DGemmaSamplerAdvanced run, "
-                                         f"got {type(resume).__name__}; wire it from an advanced sampler")
-    if resume.model is not dm.model:
+def check_continues(resume, model, prompt: str, context) -> None:
+    """A resumed run continues its own turn: the same model, prompt and context (local or remote)."""
+    if resume.model is not model:
         raise InputError("canvas_state", "canvas_state comes from a run on another model; wire the same model "
                                          "into both samplers")
     if resume.prompt != prompt:
@@ -109,6 +106,14 @@ def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Sch
     if resume.context is not context:
         raise InputError("context", "the KV context differs from the resumed run's; wire the same kv_cache "
                                     "(or none) into both samplers")
+
+
+def check_resume(resume, dm, prompt: str, knobs: Knobs, context, scheduling: Scheduling, image=None) -> None:
+    """Refuse a canvas_state that cannot continue into this run, naming what differs and the fix."""
+    if not isinstance(resume, Resume):
+        raise InputError("canvas_state", f"canvas_state must be the canvas_state of a DGemmaSamplerAdvanced run, "
+                                         f"got {type(resume).__name__}; wire it from an advanced sampler")
+    check_continues(resume, dm.model, prompt, context)
     _check_image(resume.image, image)
     for name in RESUMED_FIXED:
         was, now = getattr(resume.knobs, name), getattr(knobs, name)

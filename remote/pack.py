@@ -12,7 +12,7 @@ import dataclasses
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import Knobs, check_knob
 from ..dgemma.loop import Cancelled
-from ..dgemma.resume import WINDOW_KNOBS, Advanced
+from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_continues
 from ..dgemma.run import RunResult
 from ..dgemma.tokens import check_text
 from ..dgemma.vision import check_image_tensor
@@ -67,15 +67,10 @@ class PackBackend:
         resume = advanced.resume
         if resume is None:
             return
-        if not isinstance(resume, RemoteResume) or resume.model is not model:
+        if not isinstance(resume, RemoteResume):
             raise InputError("canvas_state", "canvas_state comes from a run on another model; wire the same model "
                                              "into both samplers")
-        if resume.prompt != prompt:
-            raise InputError("prompt", f"prompt differs from the resumed run's ({resume.prompt[:60]!r}); a resumed "
-                                       "run continues its own prompt, so give the same prompt")
-        if resume.context is not context:
-            raise InputError("context", "the KV context differs from the resumed run's; wire the same kv_cache "
-                                        "(or none) into both samplers")
+        check_continues(resume, model, prompt, context)
 
     def body(self, model, prompt, knobs, context, image, advance_context, advanced) -> dict:
         ext = {"knobs": knobs.asdict(), "advance_context": advance_context}
