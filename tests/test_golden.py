@@ -44,8 +44,14 @@ def digest(value) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _scrub(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k not in VOLATILE}
+def _scrub(record):
+    """The record without what differs per run or per machine, at any depth (a KV cache's provenance
+    names the model's folder too)."""
+    if isinstance(record, dict):
+        return {k: _scrub(v) for k, v in record.items() if k not in VOLATILE}
+    if isinstance(record, list):
+        return [_scrub(v) for v in record]
+    return record
 
 
 def facts(dm, result, live: list, stream_events: list) -> dict:
@@ -60,7 +66,7 @@ def facts(dm, result, live: list, stream_events: list) -> dict:
            "trace": {name: digest(getattr(trace, name)) for name in arrays},
            "trace_meta": {"scheduler_name": trace.scheduler_name, "scheduler_config": trace.scheduler_config,
                           "block_stopped_early": list(trace.block_stopped_early),
-                          "knob_sets": list(trace.knob_sets), "context": trace.context},
+                          "knob_sets": list(trace.knob_sets), "context": _scrub(trace.context)},
            "runlog": digest([_scrub(r) for r in records(trace, result.config, state, texts)]),
            "live": digest([(f.block, f.step, f.t, f.temperature, f.ids, f.accepted, f.entropy, f.stop, f.pinned)
                            for f in live]),

@@ -229,14 +229,16 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
 
     /** What the view shows, to rebuild it in a new view (a workflow tab reopened). */
     snapshot() {
-      return { run, finished: [...finished], last, doneEv, palette: Object.fromEntries(
-        Object.values(PALETTE_VARS).map((v) => [v, root.style.getPropertyValue(v)]).filter(([, c]) => c)) };
+      return { run, finished: [...finished], last, doneEv, stateClass: { ...stateClass }, palette: Object.fromEntries(
+        Object.values(stateClass).map((cls) => `--${cls}`).map((v) => [v, root.style.getPropertyValue(v)])
+          .filter(([, c]) => c)) };
     },
 
     restore(snap) {
       if (!snap) return;
       ({ run, last, doneEv } = snap);
       finished = [...(snap.finished ?? [])];
+      if (snap.stateClass) stateClass = { ...snap.stateClass };
       for (const [name, colour] of Object.entries(snap.palette ?? {})) root.style.setProperty(name, colour);
       requestPaint();
     },
