@@ -96,8 +96,9 @@ def register_model_folder() -> None:
 
 def model_roots() -> list[Path]:
     folder_paths = _comfy("folder_paths")
-    if folder_paths is None:
-        return []
+    if folder_paths is None:  # outside ComfyUI the headless runner may name one (--models-dir)
+        named = os.environ.get("DGEMMA_MODELS_DIR")
+        return [Path(named)] if named else []
     try:
         return [Path(p) for p in folder_paths.get_folder_paths(MODEL_FOLDER)]
     except KeyError:

@@ -73,6 +73,9 @@ def main(argv=None) -> int:
     parser.add_argument("--server", help="URL of a running ComfyUI, e.g. http://127.0.0.1:8188")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds without an event (--server)")
     parser.add_argument("--quiet", action="store_true", help="do not print the canvas per step")
+    parser.add_argument("--models-dir", type=Path, help="folder of checkpoint folders (each holding config.json), "
+                                                        "as ComfyUI's models/diffusiongemma: the Loader's model "
+                                                        "names one of them (in-process runs)")
     args = parser.parse_args(argv)
     if not 0 < args.timeout < float("inf"):
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
@@ -87,6 +90,12 @@ def main(argv=None) -> int:
         _report(graph, outputs)
         return code
     os.environ["DGEMMA_OUTPUT_DIR"] = str(args.out.resolve())
+    if args.models_dir is not None:
+        if not args.models_dir.is_dir():
+            print(f"error: --models-dir {str(args.models_dir)!r} is not a folder; give the folder that holds the "
+                  "checkpoint folders", file=sys.stderr)
+            return 2
+        os.environ["DGEMMA_MODELS_DIR"] = str(args.models_dir.resolve())
     if not args.quiet:
         host.listen(_print_step)
     before = _files(args.out)

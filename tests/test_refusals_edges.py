@@ -254,3 +254,23 @@ def test_comfyui_validation_runs_the_same_checks():
     assert advanced.VALIDATE_INPUTS(pins=None) is True
     assert "outside" in save.VALIDATE_INPUTS(filename_prefix="../x")
     assert save.VALIDATE_INPUTS(filename_prefix="runs/x") is True
+
+
+def test_headless_runs_a_local_checkpoint_from_a_models_dir(tmp_path, monkeypatch, tiny_dir, capsys):
+    """Outside ComfyUI, --models-dir stands for models/diffusiongemma: the Loader names a folder in it."""
+    for name in ("DGEMMA_MODELS_DIR", "DGEMMA_OUTPUT_DIR"):  # the CLI sets them; put them back after
+        monkeypatch.setenv(name, "")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "my-tiny").symlink_to(tiny_dir, target_is_directory=True)
+    graph = {"1": {"class_type": "DGemmaLoader", "inputs": {"quant": "none", "model": "my-tiny"}},
+             "2": {"class_type": "DGemmaSampler",
+                   "inputs": {"model": ["1", 0], "prompt": "hi", **{**KNOBS, "gen_length": 8,
+                                                                     "num_inference_steps": 2}}},
+             "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(graph))
+    out = tmp_path / "out"
+    assert cli.main([str(path), "--out", str(out), "--quiet", "--models-dir", str(models)]) == 0
+    assert cli.main([str(path), "--out", str(out), "--quiet", "--models-dir", str(tmp_path / "none")]) == 2
+    assert "--models-dir" in capsys.readouterr().err
