@@ -8,11 +8,12 @@ const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise", "DGemmaSamplerAd
 const WIDGET = "dgemma_live_view";
 const views = new WeakMap(); // LGraphNode -> canvas view
 // The last run per node, kept across workflow tab switches (the frontend makes new nodes on each).
-const lastRuns = new Map(); // "workflow|class|id" -> view snapshot
+const lastRuns = new Map(); // "workflow|graph|class|id" -> view snapshot
 
 function runKey(node) {
+  // A node inside a subgraph may share its id with one outside it: the graph's id tells them apart.
   const wf = app.extensionManager?.workflow?.activeWorkflow;
-  return `${wf?.key ?? wf?.path ?? ""}|${node.comfyClass}|${node.id}`;
+  return `${wf?.key ?? wf?.path ?? ""}|${node.graph?.id ?? ""}|${node.comfyClass}|${node.id}`;
 }
 
 // Events name the node by its execution id: "7", or "12:7" for a node inside subgraph node 12.
@@ -71,7 +72,11 @@ app.registerExtension({
     };
     const [w, h] = node.size;
     node.setSize([Math.max(w, 420), Math.max(h, node.computeSize()[1])]);
-    // node.id is set once the graph adds the node: restore its last run then.
-    setTimeout(() => view.restore(lastRuns.get(runKey(node))), 0);
+    // node.id is set once the graph adds the node: restore its last run then, unless a run has
+    // already reached this view (a restore must never cover live events).
+    setTimeout(() => {
+      const now = view.snapshot();
+      if (!now.run && !now.last) view.restore(lastRuns.get(runKey(node)));
+    }, 0);
   },
 });
