@@ -32,23 +32,8 @@ load_pack()
 from diffusiongemma.dgemma import Constraint, Knobs, generate, load_model  # noqa: E402
 from diffusiongemma.dgemma.demo import DEMO_DIR, DEMO_KNOBS, WORDS  # noqa: E402
 from diffusiongemma.testing import tiny  # noqa: E402
+from diffusiongemma.testing.schemas import SCHEMAS, SUM  # noqa: E402
 
-SUM_SCHEMA = {"type": "object", "properties": {"sum": {"enum": list(WORDS)}}, "required": ["sum"],
-              "additionalProperties": False}
-SCHEMAS = {
-    "nested": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                                "home": {"type": "object", "properties": {
-                                                    "city": {"type": "string", "maxLength": 6}},
-                                                    "required": ["city"]}},
-               "required": ["name", "home"], "additionalProperties": False},
-    "array": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2,
-              "maxItems": 4},
-    "enum": {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"]},
-    "integer": {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99}},
-                "required": ["age"]},
-    "pattern": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
-                "required": ["code"]},
-}
 REGEX = r"[0-9]{3}-[a-z]{2,4}"
 CHOICE = ["yes", "no", "maybe later"]
 
@@ -60,7 +45,7 @@ def cases(demo: bool) -> list[tuple[Constraint, object]]:
     def schema_check(schema):
         return lambda text: _valid_json(text, schema, jsonschema)
 
-    schemas = {"sum": SUM_SCHEMA, **SCHEMAS} if demo else SCHEMAS
+    schemas = {"sum": SUM, **SCHEMAS} if demo else SCHEMAS
     out = [(Constraint("json_schema", json.dumps(s)), schema_check(s)) for s in schemas.values()]
     out.append((Constraint("regex", REGEX), lambda text: re.fullmatch(REGEX, text) is not None))
     options = list(WORDS) if demo else CHOICE

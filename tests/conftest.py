@@ -65,3 +65,16 @@ def demo_model():
 @pytest.fixture(scope="session")
 def realvocab_model():
     return load_model(str(checkpoint("real-vocab")))
+
+
+@pytest.fixture
+def no_model_work(monkeypatch):
+    """Any encode or decoder forward fails the test: a refusal must come before model work."""
+    from diffusiongemma.dgemma import context, loop, run
+
+    def refuse(*args, **kwargs):
+        pytest.fail("the model ran before the input was refused")
+
+    for module in (run, context, loop):
+        monkeypatch.setattr(module, "encode_ids", refuse)
+    monkeypatch.setattr(loop.BlockDecoder, "logits", refuse)

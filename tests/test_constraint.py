@@ -18,22 +18,8 @@ from diffusiongemma.dgemma.runlog import records, replay
 from diffusiongemma.dgemma.schedulers import SCHEDULERS, Scheduling
 from diffusiongemma.dgemma.states import CONSTRAINED
 from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.testing.schemas import SCHEMAS, SUM
 
-SCHEMAS = {
-    "nested": {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "home": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}},
-        "required": ["name", "home"], "additionalProperties": False},
-    "array": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2,
-              "maxItems": 4},
-    "enum": {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"]},
-    "integer": {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99}},
-                "required": ["age"]},
-    "pattern": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
-                "required": ["code"]},
-}
-SUM = {"type": "object", "properties": {"sum": {"enum": list(WORDS)}}, "required": ["sum"],
-       "additionalProperties": False}
 REGEX = r"[0-9]{3}-[a-z]{2,4}"
 
 

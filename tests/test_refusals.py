@@ -16,8 +16,7 @@ import pytest
 from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
-from diffusiongemma.dgemma import Knobs, generate, loop, run
-from diffusiongemma.dgemma import context as context_module
+from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.run import MAX_TURN_TOKENS
 from diffusiongemma.dgemma.tokens import context_ids, prompt_ids
 from diffusiongemma.runner import cli
@@ -25,16 +24,6 @@ from diffusiongemma.runner.execute import CLASSES
 from diffusiongemma.runner.graph import execution_order, validate
 
 KNOBS = Knobs().asdict()
-
-
-@pytest.fixture
-def no_model_work(monkeypatch):
-    def refuse(*args, **kwargs):
-        pytest.fail("the model ran before the input was refused")
-
-    for module in (run, context_module, loop):
-        monkeypatch.setattr(module, "encode_ids", refuse)
-    monkeypatch.setattr(loop.BlockDecoder, "logits", refuse)
 
 
 @pytest.fixture(scope="module")
