@@ -19,7 +19,7 @@ import torch
 from .cache import encode_ids, input_device
 from .knobs import Knobs
 from .pins import Pins
-from .schedulers import Scheduling, Stepper
+from .schedulers import Scheduling
 from .trace import Frame, Recorder
 from .versions import cache_kw
 
@@ -160,7 +160,9 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
     """
     plan = plan if plan is not None else Plan()
     blocks = BlockDecoder(model, cache)
-    stepper = recorder.clock = Stepper(plan.scheduling, knobs, blocks.L, blocks.device)
+    stepper = recorder.clock
+    if not hasattr(stepper, "step"):  # a recorder clocked by the knobs alone: the plan's scheduler
+        stepper = recorder.clock = plan.scheduling.build(knobs, blocks.L, blocks.device)
     eos = torch.tensor(eos_ids, device=blocks.device)
     done: list[torch.Tensor] = list(plan.resume["done"]) if plan.resume else []
     first = plan.resume["block"] if plan.resume else 0
@@ -175,12 +177,13 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
                 return torch.cat([*done, canvas], dim=-1)
             if should_cancel is not None and should_cancel():
                 raise Cancelled(len(recorder))
-            canvas, accepted, self_cond, entropy = stepper.step(blocks.logits(canvas, self_cond).to(blocks.device),
-                                                                step, canvas, generator, blocks.logits)
-            entropy = step_entropy(self_cond, entropy, stop.confidence)
-            canvas, committed, stopped = stop.apply(canvas, self_cond, entropy)
+            out = stepper.step(blocks.logits(canvas, self_cond).to(blocks.device), step, canvas, generator,
+                               blocks.logits)
+            self_cond = out.pred_logits
+            entropy = step_entropy(self_cond, out.entropy, stop.confidence)
+            canvas, by_stop, stopped = stop.apply(out.canvas, self_cond, entropy)
             canvas = _pin(canvas, pins)
-            frame = recorder.add(block, step, canvas, accepted, committed, entropy,
+            frame = recorder.add(block, step, canvas, out.committed, by_stop, entropy,
                                  None if pins is None else pins[0])
             if on_frame is not None:
                 on_frame(frame)

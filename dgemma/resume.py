@@ -18,7 +18,7 @@ from .knobs import Knobs, KnobSpec, check_knob
 from .loop import Plan, num_blocks
 from .pins import Pins
 from .pins import parse as parse_pins
-from .schedulers import USES, Scheduling, budget
+from .schedulers import Scheduling
 
 WINDOW_KNOBS: dict[str, KnobSpec] = {
     "start_step": KnobSpec(
@@ -72,8 +72,7 @@ def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pi
         raise InputError("scheduler", f"scheduler must be a Scheduling, got {type(scheduling).__name__}")
     for name, value in (("start_step", start_step), ("end_step", end_step)):
         check_knob(name, value, WINDOW_KNOBS)
-    steps = budget(knobs.num_inference_steps, scheduling.corrector_steps)[0] \
-        if scheduling.name == "discrete_ddim" else knobs.num_inference_steps
+    steps = scheduling.steps(knobs)
     if start_step >= end_step:
         raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
                                        "[start_step, end_step) would run no step")
@@ -130,11 +129,8 @@ class Advanced:
     def knob_set(self, knobs: Knobs) -> dict:
         """The knobs in force in this window, the scheduler's own included."""
         s = self.scheduling
-        return {**knobs.asdict(), "scheduler": s.name, **{k: getattr(s, k) for k in USES[s.name] if hasattr(s, k)},
+        return {**knobs.asdict(), "scheduler": s.name, **dict(s.settings),
                 "start_step": self.start_step, "end_step": self.end_step, "pins": self.pins}
-
-    def scheduler(self, knobs: Knobs) -> tuple[str, dict]:
-        return self.scheduling.diffusers_name, self.scheduling.config(knobs)
 
 
 def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced) -> None:

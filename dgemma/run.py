@@ -17,6 +17,7 @@ from .knobs import Knobs
 from .loop import denoise_blocks, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .resume import Advanced, Resume, check_resume
+from .schedulers import Scheduling
 from .seeding import make_generator
 from .tokens import check_text, prompt_ids
 from .trace import CanvasTrace, Frame, Recorder
@@ -92,8 +93,10 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     turn = turn_ids(dm, prompt, knobs, context, images) if resume is None else []
     plan = advanced.plan(dm, knobs) if advanced is not None else None
     model = dm.model
+    scheduler = (advanced.scheduling if advanced is not None else Scheduling()).build(
+        knobs, dm.canvas_length, input_device(model))
     recorder = Recorder(knobs, dm.canvas_length, dm.token_strings,
-                        resumed=resume.recorded if resume is not None else None)
+                        resumed=resume.recorded if resume is not None else None, clock=scheduler)
     if resume is not None:
         recorder.use_knobs(advanced.knob_set(knobs))
     elif advanced is not None:
@@ -106,7 +109,8 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
                                   should_cancel=should_cancel, encode_last=advance_context, plan=plan)
     summary = context.summary() if context is not None else None
     run_id = uuid.uuid4().hex
-    trace = recorder.finish(context=summary, run_id=run_id, scheduler=advanced.scheduler(knobs) if advanced else ())
+    named = (scheduler.diffusers_name, scheduler.config()) if advanced is not None else ()
+    trace = recorder.finish(context=summary, run_id=run_id, scheduler=named)
     state = read_state(dm, sequence[0].tolist(), trace)
     if advanced is not None:
         paused = plan.paused if plan is not None and cache is not None else None

@@ -75,7 +75,17 @@ class CanvasTrace:
         return (f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
                 f"{self.canvas_length} positions · {self.scheduler_name}\n"
                 f"last step: {float(self.accepted[-1].mean()):.0%} committed, mean entropy {entropy:.3f} nats\n"
+                f"{self.stop_readout()}\n"
                 "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer")
+
+    def stop_readout(self) -> str:
+        """How many blocks the adaptive stop ended, and, when none, the scheduler's own word on why."""
+        from .schedulers import REGISTRY
+
+        stopped = sum(self.block_stopped_early)
+        line = f"adaptive stop: {stopped} of {len(self.block_stopped_early)} block(s) ended early"
+        rule = next((c.stop_rule for c in REGISTRY.values() if c.diffusers_name == self.scheduler_name), "")
+        return f"{line} ({rule})" if not stopped and rule else line
 
     @property
     def num_blocks(self) -> int:
@@ -154,11 +164,11 @@ class Recorder:
     run starts from the rows of the run it continues.
     """
 
-    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=(), resumed=None):
+    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=(), resumed=None, clock=None):
         self.knobs = knobs
         self.canvas_length = canvas_length
         self.token_strings = token_strings
-        self.clock = knobs
+        self.clock = knobs if clock is None else clock
         rows, stopped, sets = resumed if resumed is not None else ((), (), ())
         self._rows: list[tuple] = list(rows)
         self.stopped_early: list[bool] = list(stopped)
