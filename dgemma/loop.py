@@ -70,20 +70,38 @@ class AdaptiveStop:
         return new
 
 
+@dataclass(frozen=True, eq=False)
+class Pause:
+    """Where a run stopped inside a block: everything the loop needs to continue it exactly."""
+
+    block: int
+    step: int
+    canvas: torch.Tensor
+    self_cond: torch.Tensor | None
+    stop: AdaptiveStop
+    scheduler_state: object
+    done: tuple  # the finished blocks' ids
+
+    @property
+    def nbytes(self) -> int:
+        held = (self.canvas, self.self_cond, self.scheduler_state)
+        return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+
+
 @dataclass
 class Plan:
     """How an advanced run walks the schedule: scheduler, window [start, end) and pins.
 
-    `resume` is the `paused` dict of an earlier run to continue; the loop fills `paused` when it
-    stops at `end` with a block unfinished.
+    `resume` is the `Pause` of an earlier run to continue; the loop sets `paused` when it stops at
+    `end` with a block unfinished.
     """
 
     scheduling: Scheduling = field(default_factory=Scheduling)
     start: int = 0
     end: int | None = None
     pins: Pins | None = None
-    resume: dict | None = None
-    paused: dict | None = None
+    resume: Pause | None = None
+    paused: Pause | None = None
 
 
 def step_entropy(logits, scheduler_entropy, confidence: float):
@@ -139,10 +157,10 @@ class BlockDecoder:
 def _open_block(blocks, plan, block, first, done, knobs, stepper, generator):
     """(canvas, self_cond, stop, first step) of `block`: resumed where the plan paused, else fresh."""
     at = plan.resume
-    if at is not None and block == at["block"]:
+    if at is not None and block == at.block:
         blocks.enter_block()
-        stepper.restore(at["scheduler_state"])
-        return at["canvas"], at["self_cond"], at["stop"].copy(knobs.confidence), at["step"]
+        stepper.restore(at.scheduler_state)
+        return at.canvas, at.self_cond, at.stop.copy(knobs.confidence), at.step
     if done:
         encode_ids(blocks.model, blocks.cache, done[-1])
     canvas = blocks.start_block(generator)
@@ -164,16 +182,15 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
     if not hasattr(stepper, "step"):  # a recorder clocked by the knobs alone: the plan's scheduler
         stepper = recorder.clock = plan.scheduling.build(knobs, blocks.L, blocks.device)
     eos = torch.tensor(eos_ids, device=blocks.device)
-    done: list[torch.Tensor] = list(plan.resume["done"]) if plan.resume else []
-    first = plan.resume["block"] if plan.resume else 0
+    done: list[torch.Tensor] = list(plan.resume.done) if plan.resume else []
+    first = plan.resume.block if plan.resume else 0
     for block in range(first, num_blocks(knobs.gen_length, blocks.L)):
         pins = plan.pins.for_block(block, blocks.L, blocks.device) if plan.pins is not None else None
         canvas, self_cond, stop, step0 = _open_block(blocks, plan, block, first, done, knobs, stepper, generator)
         canvas, stopped = _pin(canvas, pins), False
         for step in range(step0, stepper.steps):
             if plan.end is not None and step >= plan.end:
-                plan.paused = {"block": block, "step": step, "canvas": canvas, "self_cond": self_cond, "stop": stop,
-                               "scheduler_state": stepper.state(), "done": tuple(done)}
+                plan.paused = Pause(block, step, canvas, self_cond, stop, stepper.state(), tuple(done))
                 return torch.cat([*done, canvas], dim=-1)
             if should_cancel is not None and should_cancel():
                 raise Cancelled(len(recorder))

@@ -15,10 +15,11 @@ import torch
 
 from .errors import InputError
 from .knobs import Knobs, KnobSpec, check_knob
-from .loop import Plan, num_blocks
+from .loop import Pause, Plan, num_blocks
 from .pins import Pins
 from .pins import parse as parse_pins
 from .schedulers import Scheduling
+from .trace import Recorded
 
 WINDOW_KNOBS: dict[str, KnobSpec] = {
     "start_step": KnobSpec(
@@ -42,9 +43,9 @@ class Resume:
     context: object
     knobs: Knobs
     scheduler: str
-    recorded: tuple                  # Recorder.snapshot(): the steps so far
+    recorded: Recorded               # the steps so far
     ids: torch.Tensor                # (1, n) the blocks so far, the unfinished canvas last
-    paused: dict | None = None       # the loop's pause point; None when the run finished
+    paused: Pause | None = None      # the loop's pause point; None when the run finished
     cache: object = None
     generator_state: torch.Tensor | None = None
 
@@ -55,9 +56,8 @@ class Resume:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensors held for exact continuation (the cache not counted)."""
-        p = self.paused or {}
-        held = [self.ids, self.generator_state, p.get("canvas"), p.get("self_cond"), p.get("scheduler_state")]
-        return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+        held = [t for t in (self.ids, self.generator_state) if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in held) + (self.paused.nbytes if self.paused else 0)
 
     def generator(self, device) -> torch.Generator:
         g = torch.Generator(device=device)
@@ -79,10 +79,10 @@ def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pi
     if start_step >= steps:
         raise InputError("start_step", f"start_step {start_step} is past the last step of the schedule "
                                        f"({steps} steps per block); set it below {steps}")
-    if resume is not None and not resume.finished and start_step != resume.paused["step"]:
-        raise InputError("start_step", f"canvas_state paused at step {resume.paused['step']} of block "
-                                       f"{resume.paused['block'] + 1}, but start_step is {start_step}; set "
-                                       f"start_step to {resume.paused['step']} to continue it")
+    at = None if resume is None else resume.paused
+    if at is not None and start_step != at.step:
+        raise InputError("start_step", f"canvas_state paused at step {at.step} of block {at.block + 1}, but "
+                                       f"start_step is {start_step}; set start_step to {at.step} to continue it")
     return Plan(scheduling=scheduling, start=start_step, end=end_step if end_step < steps else None, pins=pins,
                 resume=None if resume is None else resume.paused)
 

@@ -150,11 +150,47 @@ class CanvasTrace:
         return sum(a.nbytes for a in arrays if a is not None)
 
 
-def frame_from_row(row: tuple, canvas_length: int) -> Frame:
-    """The Frame of one recorded row (see `Recorder.add`), e.g. the last step of a resumed run."""
-    unpack = lambda bits: np.unpackbits(bits, count=canvas_length).astype(bool)
-    return Frame(row[0], row[1], row[7], row[8], row[2], unpack(row[3]), row[4], unpack(row[5]),
-                 None if row[6] is None else unpack(row[6]))
+def _unpack_row(bits, canvas_length: int) -> np.ndarray:
+    return np.unpackbits(bits, count=canvas_length).astype(bool)
+
+
+@dataclass(frozen=True, eq=False)
+class Row:
+    """One recorded step, compact: what `CanvasTrace` stacks into its arrays."""
+
+    block: int
+    step: int
+    ids: np.ndarray             # (L,) int32
+    committed_bits: np.ndarray  # packed: committed after the step
+    entropy: np.ndarray         # (L,) float16
+    stop_bits: np.ndarray       # packed: committed by the adaptive stop alone
+    pinned_bits: np.ndarray | None
+    t: float
+    temperature: float
+    knob_set: int               # index into the run's knob sets
+
+    def frame(self, canvas_length: int) -> Frame:
+        pinned = None if self.pinned_bits is None else _unpack_row(self.pinned_bits, canvas_length)
+        return Frame(self.block, self.step, self.t, self.temperature, self.ids,
+                     _unpack_row(self.committed_bits, canvas_length), self.entropy,
+                     _unpack_row(self.stop_bits, canvas_length), pinned)
+
+
+@dataclass(frozen=True, eq=False)
+class Recorded:
+    """The steps of a run so far, as a resumed run starts from them."""
+
+    rows: tuple[Row, ...] = ()
+    stopped_early: tuple[bool, ...] = ()
+    knob_sets: tuple[dict, ...] = ()
+
+    def last_frames(self, canvas_length: int, n: int = 2) -> list[Frame]:
+        return [r.frame(canvas_length) for r in self.rows[-n:]]
+
+    def finished_blocks(self) -> list[np.ndarray]:
+        """The final canvas ids of every block before the one the run stopped in."""
+        rows = self.rows
+        return [r.ids for r, nxt in zip(rows, rows[1:]) if nxt.block != r.block and r.block < rows[-1].block]
 
 
 class Recorder:
@@ -169,17 +205,17 @@ class Recorder:
         self.canvas_length = canvas_length
         self.token_strings = token_strings
         self.clock = knobs if clock is None else clock
-        rows, stopped, sets = resumed if resumed is not None else ((), (), ())
-        self._rows: list[tuple] = list(rows)
-        self.stopped_early: list[bool] = list(stopped)
-        self.knob_sets: list[dict] = list(sets) or [knobs.asdict()]
+        resumed = resumed if resumed is not None else Recorded()
+        self._rows: list[Row] = list(resumed.rows)
+        self.stopped_early: list[bool] = list(resumed.stopped_early)
+        self.knob_sets: list[dict] = list(resumed.knob_sets) or [knobs.asdict()]
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> Recorded:
         """What a resumed run starts from: the rows so far (immutable), block stops, knob sets."""
-        return tuple(self._rows), tuple(self.stopped_early), tuple(self.knob_sets)
+        return Recorded(tuple(self._rows), tuple(self.stopped_early), tuple(self.knob_sets))
 
     def use_knobs(self, values: dict) -> None:
         """The knobs in force from the next step on (a new window may change them)."""
@@ -202,8 +238,8 @@ class Recorder:
             acc, by_stop = acc | pin, by_stop & ~pin
         ent = entropy[0].to("cpu").numpy().astype(np.float16)
         t, temperature = self.clock.position(step), self.clock.temperature(step)
-        self._rows.append((block, step, ids, np.packbits(acc), ent, np.packbits(by_stop),
-                           None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1))
+        self._rows.append(Row(block, step, ids, np.packbits(acc), ent, np.packbits(by_stop),
+                              None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1))
         return Frame(block, step, t, temperature, _frozen(ids), _frozen(acc), _frozen(ent), _frozen(by_stop),
                      None if pin is None else _frozen(pin))
 
@@ -211,24 +247,24 @@ class Recorder:
         self.stopped_early.append(stopped_early)
 
     def _pins(self) -> np.ndarray | None:
-        if all(r[6] is None for r in self._rows):
+        if all(r.pinned_bits is None for r in self._rows):
             return None
         blank = np.zeros((self.canvas_length + 7) // 8, np.uint8)
-        return _frozen(np.array([blank if r[6] is None else r[6] for r in self._rows], np.uint8))
+        return _frozen(np.array([blank if r.pinned_bits is None else r.pinned_bits for r in self._rows], np.uint8))
 
     def finish(self, context: dict | None = None, run_id: str = "", scheduler: tuple = ()) -> CanvasTrace:
         """The frozen trace; `scheduler` is (diffusers name, its config) when not the plain EntropyBound."""
         L = self.canvas_length
         rows, packed = self._rows, (0, (L + 7) // 8)
-        col = lambda k, dt, shape: (np.array([r[k] for r in rows], dtype=dt) if rows else np.zeros(shape, dt))
-        times = np.array([(r[7], r[8]) for r in rows], np.float32).reshape(-1, 2)
+        col = lambda k, dt, shape: (np.array([getattr(r, k) for r in rows], dtype=dt) if rows else np.zeros(shape, dt))
+        times = np.array([(r.t, r.temperature) for r in rows], np.float32).reshape(-1, 2)
         name, settings = scheduler or ("EntropyBoundScheduler", None)
         return CanvasTrace(
             knobs=self.knobs, canvas_length=L,
-            blocks=_frozen(col(0, np.int16, (0,))), steps=_frozen(col(1, np.int16, (0,))),
-            ids=_frozen(col(2, np.int32, (0, L))), accepted_bits=_frozen(col(3, np.uint8, packed)),
-            entropy=_frozen(col(4, np.float16, (0, L))), scheduler_name=name, context=context,
-            block_stopped_early=tuple(self.stopped_early), stop_bits=_frozen(col(5, np.uint8, packed)),
+            blocks=_frozen(col("block", np.int16, (0,))), steps=_frozen(col("step", np.int16, (0,))),
+            ids=_frozen(col("ids", np.int32, (0, L))), accepted_bits=_frozen(col("committed_bits", np.uint8, packed)),
+            entropy=_frozen(col("entropy", np.float16, (0, L))), scheduler_name=name, context=context,
+            block_stopped_early=tuple(self.stopped_early), stop_bits=_frozen(col("stop_bits", np.uint8, packed)),
             run_id=run_id, token_strings=self.token_strings, pinned_bits=self._pins(), times=_frozen(times),
-            knob_sets=tuple(self.knob_sets), knob_index=_frozen(col(9, np.uint8, (0,))),
+            knob_sets=tuple(self.knob_sets), knob_index=_frozen(col("knob_set", np.uint8, (0,))),
             scheduler_settings=settings)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..dgemma.states import hex_palette, position_states
-from ..dgemma.trace import frame_from_row
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
@@ -42,15 +41,15 @@ class StepStream:
         self.previous = None
         self.count = 0  # steps sent, all blocks together
 
-    def start(self, resumed_rows=()) -> dict:
-        """The run's start; a resumed run also carries where it resumes, so the view continues from it."""
+    def start(self, resumed=None) -> dict:
+        """The run's start; a resumed run (its `Recorded` steps) also carries where it resumes, so the
+        view continues from it."""
         event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
                  "canvas_length": self.canvas_length, "palette": hex_palette()}
-        if resumed_rows:
-            frames = [frame_from_row(r, self.canvas_length) for r in resumed_rows[-2:]]
+        if resumed is not None and resumed.rows:
+            frames = resumed.last_frames(self.canvas_length)
             self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None
-            ends = [r for r, nxt in zip(resumed_rows, resumed_rows[1:]) if nxt[0] != r[0]]
-            event["resumed"] = {"finished": [self._pieces(r[2]) for r in ends if r[0] < resumed_rows[-1][0]],
+            event["resumed"] = {"finished": [self._pieces(ids) for ids in resumed.finished_blocks()],
                                 "step": self.step(frames[-1])}
             self.count = 0
         return event

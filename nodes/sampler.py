@@ -44,7 +44,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
     live = host.live()
     if live:
         resumed = advanced.resume if advanced is not None else None
-        host.send(START, stream.start(resumed.recorded[0] if resumed is not None else ()))
+        host.send(START, stream.start(resumed.recorded if resumed is not None else None))
 
     def on_frame(frame):
         if live:

@@ -29,7 +29,7 @@ def chained(dm, knobs, ks, context=None, scheduling=Scheduling(), **kw):
     for start, end in zip(edges, edges[1:]):
         adv = Advanced(scheduling, start, end, resume=resume, **kw)
         if resume is not None and resume.paused is not None:
-            adv = dataclasses.replace(adv, start_step=resume.paused["step"])
+            adv = dataclasses.replace(adv, start_step=resume.paused.step)
         result = generate(dm, PROMPT, knobs, context=context, advanced=adv)
         resume = result.state.resume
     return result
@@ -60,7 +60,7 @@ def test_chained_windows_with_kv_context_and_adaptive_stop(demo_model, k):
     edges = [0, k, 12]
     resume = None
     for start, end in zip(edges, edges[1:]):
-        start = resume.paused["step"] if resume is not None and resume.paused else start
+        start = resume.paused.step if resume is not None and resume.paused else start
         result = generate(demo_model, "What is a+b?", knobs, context=ctx,
                           advanced=Advanced(start_step=start, end_step=end, resume=resume))
         resume = result.state.resume
