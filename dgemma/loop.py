@@ -1,9 +1,9 @@
 """The block-diffusion loop: the one path every run takes (plain, thinking, KV context, multi-block).
 
 Per block: a uniform random canvas at the next global positions, decoder forwards with
-self-conditioning, a diffusers scheduler step (EntropyBoundScheduler unless a `Plan` picks another),
+self-conditioning, a diffusers scheduler step (EntropyBoundScheduler unless a `LoopPlan` picks another),
 pins put back, the adaptive stop of diffusers 0.42 / transformers generate, then the committed
-canvas is encoded into the cache for the next block. A `Plan` may also start the first block
+canvas is encoded into the cache for the next block. A `LoopPlan` may also start the first block
 later in its schedule, pause at a step (leaving what resuming needs in `plan.paused`) and resume.
 """
 
@@ -89,7 +89,7 @@ class Pause:
 
 
 @dataclass
-class Plan:
+class LoopPlan:
     """How an advanced run walks the schedule: scheduler, window [start, end) and pins.
 
     `resume` is the `Pause` of an earlier run to continue; the loop sets `paused` when it stops at
@@ -154,39 +154,38 @@ class BlockDecoder:
                           **{self.model_kw: self.cache}).logits
 
 
-def _open_block(blocks, plan, block, first, done, knobs, stepper, generator):
+def _open_block(decoder, plan, block, first, done, knobs, stepper, generator):
     """(canvas, self_cond, stop, first step) of `block`: resumed where the plan paused, else fresh."""
     at = plan.resume
     if at is not None and block == at.block:
-        blocks.enter_block()
+        decoder.enter_block()
         stepper.restore(at.scheduler_state)
         return at.canvas, at.self_cond, at.stop.copy(knobs.confidence), at.step
     if done:
-        encode_ids(blocks.model, blocks.cache, done[-1])
-    canvas = blocks.start_block(generator)
-    return canvas, None, AdaptiveStop(knobs.confidence, canvas, blocks.device), plan.start if block == first else 0
+        encode_ids(decoder.model, decoder.cache, done[-1])
+    canvas = decoder.start_block(generator)
+    return canvas, None, AdaptiveStop(knobs.confidence, canvas, decoder.device), plan.start if block == first else 0
 
 
 @torch.no_grad()
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],
                    recorder: Recorder, on_frame: Callable[[Frame], None] | None = None,
                    should_cancel: Callable[[], bool] | None = None, encode_last: bool = False,
-                   plan: Plan | None = None) -> torch.Tensor:
+                   plan: LoopPlan | None = None, scheduler=None) -> torch.Tensor:
     """Generate blocks onto `cache` (which grows); returns the ids so far, shape (B, blocks*L).
 
-    A paused run returns its finished blocks and the unfinished canvas, and fills `plan.paused`.
+    `scheduler` is the plan's scheduler adapter, built when not given. A paused run returns its
+    finished blocks and the unfinished canvas, and sets `plan.paused`.
     """
-    plan = plan if plan is not None else Plan()
-    blocks = BlockDecoder(model, cache)
-    stepper = recorder.clock
-    if not hasattr(stepper, "step"):  # a recorder clocked by the knobs alone: the plan's scheduler
-        stepper = recorder.clock = plan.scheduling.build(knobs, blocks.L, blocks.device)
-    eos = torch.tensor(eos_ids, device=blocks.device)
+    plan = plan if plan is not None else LoopPlan()
+    decoder = BlockDecoder(model, cache)
+    stepper = scheduler if scheduler is not None else plan.scheduling.build(knobs, decoder.L, decoder.device)
+    eos = torch.tensor(eos_ids, device=decoder.device)
     done: list[torch.Tensor] = list(plan.resume.done) if plan.resume else []
     first = plan.resume.block if plan.resume else 0
-    for block in range(first, num_blocks(knobs.gen_length, blocks.L)):
-        pins = plan.pins.for_block(block, blocks.L, blocks.device) if plan.pins is not None else None
-        canvas, self_cond, stop, step0 = _open_block(blocks, plan, block, first, done, knobs, stepper, generator)
+    for block in range(first, num_blocks(knobs.gen_length, decoder.L)):
+        pins = plan.pins.for_block(block, decoder.L, decoder.device) if plan.pins is not None else None
+        canvas, self_cond, stop, step0 = _open_block(decoder, plan, block, first, done, knobs, stepper, generator)
         canvas, stopped = _pin(canvas, pins), False
         for step in range(step0, stepper.steps):
             if plan.end is not None and step >= plan.end:
@@ -194,8 +193,8 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
                 return torch.cat([*done, canvas], dim=-1)
             if should_cancel is not None and should_cancel():
                 raise Cancelled(len(recorder))
-            out = stepper.step(blocks.logits(canvas, self_cond).to(blocks.device), step, canvas, generator,
-                               blocks.logits)
+            out = stepper.step(decoder.logits(canvas, self_cond).to(decoder.device), step, canvas, generator,
+                               decoder.logits)
             self_cond = out.pred_logits
             entropy = step_entropy(self_cond, out.entropy, stop.confidence)
             canvas, by_stop, stopped = stop.apply(out.canvas, self_cond, entropy)

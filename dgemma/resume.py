@@ -15,7 +15,7 @@ import torch
 
 from .errors import InputError
 from .knobs import Knobs, KnobSpec, check_knob
-from .loop import Pause, Plan, num_blocks
+from .loop import LoopPlan, Pause, num_blocks
 from .pins import Pins
 from .pins import parse as parse_pins
 from .schedulers import Scheduling
@@ -66,7 +66,7 @@ class Resume:
 
 
 def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pins: Pins | None,
-                resume: Resume | None) -> Plan:
+                resume: Resume | None) -> LoopPlan:
     """Check the window against the scheduler's steps (and a resumed run's pause) and build the plan."""
     if not isinstance(scheduling, Scheduling):
         raise InputError("scheduler", f"scheduler must be a Scheduling, got {type(scheduling).__name__}")
@@ -83,7 +83,7 @@ def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pi
     if at is not None and start_step != at.step:
         raise InputError("start_step", f"canvas_state paused at step {at.step} of block {at.block + 1}, but "
                                        f"start_step is {start_step}; set start_step to {at.step} to continue it")
-    return Plan(scheduling=scheduling, start=start_step, end=end_step if end_step < steps else None, pins=pins,
+    return LoopPlan(scheduling=scheduling, start=start_step, end=end_step if end_step < steps else None, pins=pins,
                 resume=None if resume is None else resume.paused)
 
 
@@ -121,7 +121,7 @@ class Advanced:
     pins: str = ""
     resume: Resume | None = None
 
-    def plan(self, dm, knobs: Knobs) -> Plan:
+    def plan(self, dm, knobs: Knobs) -> LoopPlan:
         """The loop's plan; refuses a bad window or bad pins (no model work is done here)."""
         pins = parse_pins(dm, self.pins, num_blocks(knobs.gen_length, dm.canvas_length) * dm.canvas_length)
         return window_plan(dm, knobs, self.scheduling, self.start_step, self.end_step, pins, self.resume)
@@ -133,10 +133,10 @@ class Advanced:
                 "start_step": self.start_step, "end_step": self.end_step, "pins": self.pins}
 
 
-def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced) -> None:
-    """Every check of an advanced run that needs no model work (after `run.check_inputs`)."""
+def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced) -> LoopPlan:
+    """Every check of an advanced run that needs no model work (after `run.check_inputs`); its plan."""
     if not isinstance(advanced, Advanced):
         raise InputError("advanced", f"advanced must be an Advanced, got {type(advanced).__name__}")
     if advanced.resume is not None:
         check_resume(advanced.resume, dm, prompt, knobs, context, advanced.scheduling)
-    advanced.plan(dm, knobs)
+    return advanced.plan(dm, knobs)

@@ -70,7 +70,7 @@ class CanvasTrace:
         """What a text preview shows: the size of the record and how the last step ended."""
         if not len(self):
             return "canvas trace: no steps"
-        per_block = np.bincount(self.blocks.astype(np.int64)).tolist()
+        per_block = self.steps_per_block
         entropy = float(self.entropy[-1].astype(np.float32).mean())
         return (f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
                 f"{self.canvas_length} positions · {self.scheduler_name}\n"
@@ -86,6 +86,11 @@ class CanvasTrace:
         line = f"adaptive stop: {stopped} of {len(self.block_stopped_early)} block(s) ended early"
         rule = next((c.stop_rule for c in REGISTRY.values() if c.diffusers_name == self.scheduler_name), "")
         return f"{line} ({rule})" if not stopped and rule else line
+
+    @property
+    def steps_per_block(self) -> list[int]:
+        """Steps each block ran (a block may stop early or end the run)."""
+        return np.bincount(self.blocks.astype(np.int64), minlength=self.num_blocks).tolist()
 
     @property
     def num_blocks(self) -> int:
@@ -196,11 +201,13 @@ class Recorded:
 class Recorder:
     """Collects frames during a run and freezes them into a CanvasTrace.
 
-    `clock` gives each step's t and T (the knobs, or the scheduler of an advanced run); a resumed
-    run starts from the rows of the run it continues.
+    `clock` gives each step's t and T (the run's scheduler adapter, or the knobs); a resumed run
+    starts from the rows of the run it continues; `knob_set` is what is in force from now on (the
+    knobs alone unless given).
     """
 
-    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=(), resumed=None, clock=None):
+    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=(), resumed=None, clock=None,
+                 knob_set: dict | None = None):
         self.knobs = knobs
         self.canvas_length = canvas_length
         self.token_strings = token_strings
@@ -208,7 +215,8 @@ class Recorder:
         resumed = resumed if resumed is not None else Recorded()
         self._rows: list[Row] = list(resumed.rows)
         self.stopped_early: list[bool] = list(resumed.stopped_early)
-        self.knob_sets: list[dict] = list(resumed.knob_sets) or [knobs.asdict()]
+        self.knob_sets: list[dict] = list(resumed.knob_sets)
+        self.use_knobs(knobs.asdict() if knob_set is None else knob_set)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -219,7 +227,7 @@ class Recorder:
 
     def use_knobs(self, values: dict) -> None:
         """The knobs in force from the next step on (a new window may change them)."""
-        if values != self.knob_sets[-1]:
+        if not self.knob_sets or values != self.knob_sets[-1]:
             self.knob_sets.append(values)
 
     def add(self, block: int, step: int, canvas, accepted, stop, entropy, pinned=None) -> Frame:

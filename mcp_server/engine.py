@@ -16,7 +16,8 @@ from ..dgemma.context import encode_context
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME
 from ..dgemma.knobs import Knobs
 from ..dgemma.loading import load_model
-from ..dgemma.run import generate
+from ..dgemma.run import prepare
+from ..dgemma.run import run as run_request
 
 
 class Busy(ValueError):
@@ -106,8 +107,10 @@ class Engine:
         return {"handle": handle, "length": cache.length, "onto": onto or None, **cache.summary()}
 
     def generate(self, prompt: str, knobs: dict, context_text: str = "", context_handle: str = "",
-                 on_frame=None):
-        """Validate like the nodes, then run; returns (model, RunResult), or raises Cancelled."""
+                 on_frame=None, on_start=None):
+        """Validate like the nodes, then run; returns (model, RunResult), or raises Cancelled.
+
+        `on_start(request)` hears the checked request before the first step."""
         knobs = Knobs(**knobs)
         with self.claim("generate") as run:
             dm = self.model()
@@ -120,7 +123,10 @@ class Engine:
                 if on_frame is not None:
                     on_frame(f, run.steps_done)
 
-            result = generate(dm, prompt, knobs, context=context, on_frame=frame, should_cancel=run.cancel.is_set)
+            request = prepare(dm, prompt, knobs, context=context)
+            if on_start is not None:
+                on_start(request)
+            result = run_request(request, on_frame=frame, should_cancel=run.cancel.is_set)
         return dm, result
 
     def status(self) -> dict:
