@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+from ..dgemma.caption import Caption
 
 NOISE = "\u00b7"    # a position the scheduler has not accepted yet
 MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the text
@@ -11,10 +11,9 @@ MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the te
 class StepMessages:
     """Turns frames into progress messages; blocks already finished stay in the text."""
 
-    def __init__(self, dm, knobs):
+    def __init__(self, dm, blocks: int, steps: int):
         self.strings = dm.token_strings
-        self.blocks = math.ceil(knobs.gen_length / dm.canvas_length)  # as the engine splits gen_length
-        self.steps = knobs.num_inference_steps
+        self.blocks, self.steps = blocks, steps  # the request's plan, as the engine counts them
         self.total = self.blocks * self.steps  # an upper bound: the adaptive stop may end a block early
         self.finished: list[str] = []
         self.last = None
@@ -30,5 +29,4 @@ class StepMessages:
         text = "".join(self.finished) + self.text(frame)
         if len(text) > MAX_CHARS:
             text = "\u2026" + text[-MAX_CHARS:]
-        return (f"block {frame.block + 1}/{self.blocks} step {frame.step + 1}/{self.steps}, "
-                f"{100 * frame.committed_fraction:.0f}% committed: {text}")
+        return f"{Caption.live(frame, self.blocks, self.steps).text()}: {text}"

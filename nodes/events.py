@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dgemma.states import hex_palette, position_states
+from ..dgemma.caption import Caption
+from ..dgemma.states import NAMES, hex_palette, position_states
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
@@ -45,7 +46,7 @@ class StepStream:
         """The run's start; a resumed run (its `Recorded` steps) also carries where it resumes, so the
         view continues from it."""
         event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
-                 "canvas_length": self.canvas_length, "palette": hex_palette()}
+                 "canvas_length": self.canvas_length, "palette": hex_palette(), "states": list(NAMES)}
         if resumed is not None and resumed.rows:
             frames = resumed.last_frames(self.canvas_length)
             self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None
@@ -62,6 +63,7 @@ class StepStream:
             "node": self.node, "block": frame.block, "step": frame.step, "blocks": self.blocks,
             "steps": self.steps, "t": round(frame.t, 6), "T": round(frame.temperature, 6),
             "committed": round(frame.committed_fraction, 6),
+            "caption": Caption.live(frame, self.blocks, self.steps).text(),
             "tokens": [_piece(self.token_strings[i]) for i in frame.ids.tolist()],
             "state": step_states(frame, self.previous),
         }
@@ -70,14 +72,13 @@ class StepStream:
         return event
 
     def progress_text(self, frame) -> str:
-        """One step as the short text under the node: where the run is, and the accepted text so far
-        (a position still noise is a dot). Totals are upper bounds: a block may stop early."""
+        """One step as the short text under the node: its caption, and the accepted text so far (a
+        position still noise is a dot)."""
         pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.accepted.tolist())]
         text = "".join(pieces).replace("\n", " ")
         if len(text) > MAX_PROGRESS_TEXT:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return (f"block {frame.block + 1} (of ≤{self.blocks}) · step {frame.step + 1} (of ≤{self.steps}) · "
-                f"T {frame.temperature:.3f} · {frame.committed_fraction:.0%} committed\n{text}")
+        return f"{Caption.live(frame, self.blocks, self.steps).text()}\n{text}"
 
     def done_text(self, steps_used: int, text: str, paused: bool = False) -> str:
         if paused:  # the canvas is unfinished: its text is still mostly noise

@@ -5,13 +5,12 @@
 //
 // It paints inside its own element: a header line (block · step · T · committed), the final
 // text of the blocks already finished, then the current canvas with one span per position,
-// styled by its state ("0" noise, "1" new, "2" settled, "3" pinned) in the colours the start event carries
-// (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
+// styled by its state digit, named by the start event's `states` (the engine's names, index = digit) and
+// painted in the colours its `palette` carries (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
 // animation frame, so hundreds of steps cost no more DOM than one.
 
 const STYLE_ID = "dgemma-live-view-style";
-const STATE_CLASS = { "0": "dg-noise", "1": "dg-new", "2": "dg-settled", "3": "dg-pinned" };
-const PALETTE_VARS = { noise: "--dg-noise", new: "--dg-new", settled: "--dg-settled", pinned: "--dg-pinned" };
+const NAME = /^[a-z]+$/;
 
 const CSS = `
 .dgemma-view { box-sizing: border-box; display: flex; flex-direction: column; width: 100%;
@@ -80,6 +79,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   let run = null;        // {blocks, steps, canvasLength}
   let finished = [];     // final text of each finished block, in order
   let last = null;       // latest step event of the current block
+  let stateClass = { "0": "dg-noise" };  // digit -> class, from the start event's state names
   let doneEv = null;
   let headerText = "";
   let pending = 0;
@@ -129,8 +129,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       setHeader(`interrupted at block ${last.block + 1} step ${last.step + 1}`);
       return;
     }
-    setHeader(`block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`
-      + ` · T=${num(last.T, 3)} · committed ${num((last.committed ?? 0) * 100, 0)}%`);
+    setHeader(last.caption ? String(last.caption) : `block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`);
   }
 
   function paintCanvas() {
@@ -153,7 +152,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     for (let i = 0; i < n; i++) {
       const tok = String(tokens[i] ?? "");
       if (tok !== shownTok[i]) { spans[i].firstChild.data = tok; shownTok[i] = tok; }
-      const cls = STATE_CLASS[state[i]] || "dg-noise";
+      const cls = stateClass[state[i]] || "dg-noise";
       if (cls !== shownState[i]) { spans[i].className = cls; shownState[i] = cls; }
     }
   }
@@ -190,8 +189,10 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       stats.events += 1;
       view.reset();
       run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
+      const names = Array.isArray(ev?.states) ? ev.states.map(String).filter((n) => NAME.test(n)) : [];
+      if (names.length) stateClass = Object.fromEntries(names.map((n, i) => [String(i), `dg-${n}`]));
       for (const [name, colour] of Object.entries(ev?.palette ?? {})) {
-        if (PALETTE_VARS[name] && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(PALETTE_VARS[name], colour);
+        if (NAME.test(name) && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(`--dg-${name}`, colour);
       }
       // A resumed run continues from the canvas where the earlier sampler paused, not from noise.
       const resumed = ev?.resumed;
