@@ -17,10 +17,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 
 from ..dgemma.demo import DEMO_NAME
-from ..dgemma.knobs import KNOBS, Knobs
-from ..dgemma.loading import DEVICES, DTYPES
+from ..dgemma.knobs import KNOBS
+from ..dgemma.load_options import LOAD_OPTIONS
 from ..dgemma.loop import Cancelled
-from ..dgemma.quant import QUANTS
 from ..dgemma.runlog import pack_version
 from .engine import Engine
 from .outputs import write_outputs
@@ -41,18 +40,19 @@ async def in_thread(engine: Engine, fn):
         raise ToolError(str(exc)) from exc
 
 
+def option_schema(option) -> dict:
+    """A loader option (dgemma/load_options.py) as a JSON schema."""
+    if option.choices is None:
+        return {"type": "boolean", "default": option.default, "description": option.tooltip}
+    return choice_schema(option.choices, option.default, option.tooltip)
+
+
 def loader_params() -> list:
     return [
         param("model", {"type": "string", "default": DEMO_NAME, "description":
                         f"'{DEMO_NAME}' (the tiny model shipped with the pack), a checkpoint folder holding "
                         "config.json, or a hub id such as 'google/diffusiongemma-26B-A4B-it'."}, DEMO_NAME),
-        param("quant", choice_schema(QUANTS, "none", "none: the checkpoint's own dtype; autoround: a pre-quantized "
-                                     "AutoRound INT4 checkpoint (needs auto-round)."), "none"),
-        param("device", choice_schema(DEVICES, "auto", "auto: the GPU when there is one, offloading to CPU RAM "
-                                      "when VRAM is short; cuda: all on the GPU; cpu: all on the CPU."), "auto"),
-        param("dtype", choice_schema(DTYPES, "auto", "Weight dtype; auto keeps the checkpoint's own."), "auto"),
-        param("local_files_only", {"type": "boolean", "default": False, "description":
-                                   "Never contact the hub: load a hub id only from the local HF cache."}, False),
+        *(param(name, option_schema(option), option.default) for name, option in LOAD_OPTIONS.items()),
     ]
 
 
@@ -92,16 +92,17 @@ def generate_tool(engine: Engine) -> Tool:
         knobs = {name: args[name] for name in KNOBS}
         messages = None
 
-        def on_frame(frame, done):
+        def on_start(request):
             nonlocal messages
-            if messages is None:  # the knobs are valid and the model loaded once frames arrive
-                messages = StepMessages(engine.dm, Knobs(**knobs))
+            messages = StepMessages(request.dm, request.blocks, request.steps)
+
+        def on_frame(frame, done):
             anyio.from_thread.run(ctx.report_progress, done, messages.total, messages.message(frame))
 
         def work():
             try:
                 dm, result = engine.generate(args["prompt"], knobs, args["context"], args["context_handle"],
-                                             on_frame=on_frame)
+                                             on_frame=on_frame, on_start=on_start)
             except Cancelled as exc:
                 return {"cancelled": True, "steps_done": exc.steps_done, "message": str(exc)}
             return {**readout(result), **write_outputs(dm, result, args["output_dir"], args["runlog"], args["gif"])}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..dgemma.context import encode_context
-from . import host
+from . import host, memory
 from .schema import CATEGORY, KV_CACHE, comfy_hints, model_input
 
 
@@ -35,12 +35,6 @@ class DGemmaEncode:
         }
 
     def encode(self, model, text, kv_cache=None, image=None, unique_id=None):
-        host.model_ready(model)
-        try:
-            with comfy_hints():
-                cache = encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt, image=image)
-        except BaseException:
-            host.run_finished(model, unique_id, failed=True)
-            raise
-        host.run_finished(model, unique_id)
+        with memory.running(model, unique_id), comfy_hints():
+            cache = encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt, image=image)
         return (cache,)
