@@ -272,3 +272,8 @@ def scheduler_tooltip() -> str:
     """The scheduler widget's tooltip, from each adapter's own line."""
     return "Which diffusers scheduler runs the steps: " + "; ".join(
         f"{name} ({cls.summary}; {cls.stop_rule})" for name, cls in REGISTRY.items()) + "."
+
+
+def applies() -> dict[str, list[str]]:
+    """Per scheduler, the knobs it reads (the sampler's and its own): the widgets the Advanced node shows."""
+    return {name: [*cls.reads, *cls.own_knobs] for name, cls in REGISTRY.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..dgemma.errors import InputError
 from ..dgemma.payloads import CanvasState
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
-from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, scheduler_tooltip
+from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
 from .schema import CANVAS_STATE, SAMPLER_OUTPUTS, comfy_hints, context_input, image_input, knob_inputs, output_spec
 
@@ -46,7 +46,8 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
         spec["required"].update({
-            "scheduler": (list(SCHEDULERS), {"default": next(iter(SCHEDULERS)), "tooltip": scheduler_tooltip()}),
+            "scheduler": (list(SCHEDULERS), {"default": next(iter(SCHEDULERS)), "tooltip": scheduler_tooltip(),
+                                             "dgemma_applies": applies()}),
             **knob_inputs(WINDOW_KNOBS),
             "pins": ("STRING", {"multiline": True, "default": "", "tooltip": PINS_TOOLTIP}),
         })

@@ -51,6 +51,7 @@ def test_a_fourth_scheduler_runs_through_the_advanced_node(tiny_model, toy):
     assert spec["required"]["scheduler"][0][-1] == "toy_greedy" and "toy_greedy" in spec["required"]["scheduler"][1][
         "tooltip"]
     assert spec["optional"]["lead"][1]["max"] == 64
+    assert spec["required"]["scheduler"][1]["dgemma_applies"]["toy_greedy"] == ["lead"]  # the JS shows only it
     (text, state, trace, frames, _, _), _ = call(Advanced, model=tiny_model, scheduler="toy_greedy", lead=3, **BASE)
     L = tiny_model.canvas_length
     assert trace.scheduler_name == "ToyGreedyScheduler"
@@ -96,3 +97,13 @@ def test_the_schedulers_that_rarely_stop_say_so(tiny_model):
     assert "unscaled logits" in Advanced.INPUT_TYPES()["required"]["scheduler"][1]["tooltip"]
     trace = generate(tiny_model, "hi", knobs, advanced=Adv(Scheduling("block_refinement"))).trace
     assert "0 of 1 block(s) ended early (its adaptive stop reads the entropy of the unscaled logits" in str(trace)
+
+
+def test_the_advanced_node_tells_the_page_which_knobs_each_scheduler_reads():
+    applies = Advanced.INPUT_TYPES()["required"]["scheduler"][1]["dgemma_applies"]
+    assert applies == {"entropy_bound": ["t_min", "t_max", "entropy_bound"],
+                       "block_refinement": ["temperature", "threshold", "editing_threshold"],
+                       "discrete_ddim": ["temperature", "corrector_steps", "corrector_k"]}
+    spec = Advanced.INPUT_TYPES()
+    declared = set(spec["required"]) | set(spec["optional"])
+    assert {k for knobs in applies.values() for k in knobs} <= declared  # every listed knob is a widget
