@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from .threads import with_compute_threads
 from .versions import cache_kw
 
 
@@ -29,6 +30,7 @@ def input_device(model) -> torch.device:
 
 
 @torch.no_grad()
+@with_compute_threads
 def encode_ids(model, cache, ids, images=None) -> None:
     """Append `ids` to `cache` at the next global positions (position = index in the sequence).
 

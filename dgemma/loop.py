@@ -20,6 +20,7 @@ from .cache import encode_ids, input_device
 from .knobs import Knobs
 from .pins import Pins
 from .schedulers import Scheduling
+from .threads import with_compute_threads
 from .trace import Frame, Recorder
 from .versions import cache_kw
 
@@ -167,6 +168,7 @@ def _open_block(decoder, plan, block, first, done, knobs, stepper, generator):
     return canvas, None, AdaptiveStop(knobs.confidence, canvas, decoder.device), plan.start if block == first else 0
 
 
+@with_compute_threads
 @torch.no_grad()
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],
                    recorder: Recorder, on_frame: Callable[[Frame], None] | None = None,
