@@ -23,7 +23,8 @@ def _print_step(event: str, data: dict) -> None:
               file=sys.stderr, flush=True)
     elif event == events.STEP:
         text = "".join(data["tokens"]).replace("\n", "⏎")
-        print(f"  [{data['node']}] {data['caption']} | {text[:60]}", file=sys.stderr, flush=True)
+        caption = data.get("caption") or f"block {data['block'] + 1} step {data['step'] + 1}"  # an older pack's server
+        print(f"  [{data['node']}] {caption} | {text[:60]}", file=sys.stderr, flush=True)
     elif event == events.DONE:
         print(f"  [{data['node']}] {data['status']} after {data['steps_used']} steps", file=sys.stderr, flush=True)
 
