@@ -3,6 +3,7 @@
 from . import host
 from .encode import DGemmaEncode
 from .loader import DGemmaLoader
+from .remote_loader import DGemmaRemoteLoader
 from .runlog_writer import DGemmaRunLogWriter
 from .sampler import DGemmaDenoise, DGemmaSampler
 from .sampler_advanced import DGemmaSamplerAdvanced
@@ -12,6 +13,7 @@ host.register_model_folder()
 
 NODE_CLASS_MAPPINGS = {
     "DGemmaLoader": DGemmaLoader,
+    "DGemmaRemoteLoader": DGemmaRemoteLoader,
     "DGemmaSampler": DGemmaSampler,
     "DGemmaDenoise": DGemmaDenoise,
     "DGemmaSamplerAdvanced": DGemmaSamplerAdvanced,
@@ -22,6 +24,7 @@ NODE_CLASS_MAPPINGS = {
 
 NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaLoader": "DiffusionGemma Loader",
+    "DGemmaRemoteLoader": "DiffusionGemma Remote Loader",
     "DGemmaSampler": "DiffusionGemma Sampler",
     "DGemmaDenoise": "DiffusionGemma Denoise (KV Cache)",
     "DGemmaSamplerAdvanced": "DiffusionGemma Sampler (Advanced)",

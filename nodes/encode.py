@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dgemma.context import encode_context
+from ..dgemma.backend import backend_of
 from . import host, memory
 from .schema import CATEGORY, KV_CACHE, comfy_hints, model_input
 
@@ -36,5 +36,6 @@ class DGemmaEncode:
 
     def encode(self, model, text, kv_cache=None, image=None, unique_id=None):
         with memory.running(model, unique_id), comfy_hints():
-            cache = encode_context(model, text, onto=kv_cache, should_cancel=host.check_interrupt, image=image)
+            cache = backend_of(model).encode(model, text, onto=kv_cache, should_cancel=host.check_interrupt,
+                                             image=image)
         return (cache,)

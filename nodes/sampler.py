@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ..dgemma.backend import backend_of
 from ..dgemma.images import render_images
 from ..dgemma.knobs import knobs_from
-from ..dgemma.run import prepare, run
+from ..dgemma.loop import num_blocks
+from ..dgemma.schedulers import Scheduling
 from ..dgemma.tokens import frame_texts
 from . import host, memory
 from .events import DONE, START, STEP, StepStream
@@ -29,18 +31,19 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
 class LiveRun:
     """What one node's run shows in ComfyUI: the live view's events, the progress bar and text."""
 
-    def __init__(self, node_id, request):
-        self.request, self.steps = request, request.steps
-        self.total = request.blocks * request.steps
-        self.stream = StepStream(str(node_id) if node_id is not None else "", request.blocks, request.steps,
-                                 request.dm.canvas_length, request.dm.token_strings)
+    def __init__(self, node_id, model, knobs, advanced):
+        self.resume = advanced.resume if advanced is not None else None
+        blocks = num_blocks(knobs.gen_length, model.canvas_length)
+        self.steps = (advanced.scheduling if advanced is not None else Scheduling()).steps(knobs)
+        self.total = blocks * self.steps
+        self.stream = StepStream(str(node_id) if node_id is not None else "", blocks, self.steps,
+                                 model.canvas_length, model.token_strings)
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
         self.live = host.live()
 
     def start(self) -> None:
         if self.live:
-            resumed = self.request.resume
-            host.send(START, self.stream.start(resumed.recorded if resumed is not None else None))
+            host.send(START, self.stream.start(self.resume.recorded if self.resume is not None else None))
 
     def frame(self, frame) -> None:
         if self.live:
@@ -64,15 +67,17 @@ class LiveRun:
 
 def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
-    with comfy_hints():  # every check before the view resets: a refusal leaves it as it was
-        request = prepare(model, prompt, knobs_from(knobs), context=kv_cache, image=image,
-                          advance_context=advance, advanced=advanced)
-    view = LiveRun(node_id, request)
+    engine = backend_of(model)  # this process's engine, or a remote model's server
+    with comfy_hints():
+        knobs = knobs_from(knobs)
+        engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
+    view = LiveRun(node_id, model, knobs, advanced)
     with memory.running(model, node_id) as lease:
         view.start()
         try:
             with comfy_hints():
-                result = run(request, on_frame=view.frame, should_cancel=host.check_interrupt)
+                result = engine.run(model, prompt, knobs, context=kv_cache, image=image, on_frame=view.frame,
+                                    should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced)
         except BaseException as err:
             view.failed(err)
             raise

@@ -6,10 +6,12 @@ import torch
 
 from diffusiongemma.dgemma import CanvasState, CanvasTrace, DGemmaModel, RunConfig
 from diffusiongemma.dgemma.context import KVCache
+from diffusiongemma.remote.model import RemoteContext, RemoteModel
 from diffusiongemma.runner.execute import call_node
 
-PYTHON_TYPES = {"STRING": str, "IMAGE": torch.Tensor, "DGEMMA_MODEL": DGemmaModel, "DGEMMA_CANVAS_STATE": CanvasState,
-                "DGEMMA_CANVAS_TRACE": CanvasTrace, "DGEMMA_RUN_CONFIG": RunConfig, "DGEMMA_KV_CACHE": KVCache}
+PYTHON_TYPES = {"STRING": str, "IMAGE": torch.Tensor, "DGEMMA_MODEL": (DGemmaModel, RemoteModel),
+                "DGEMMA_CANVAS_STATE": CanvasState, "DGEMMA_CANVAS_TRACE": CanvasTrace, "DGEMMA_RUN_CONFIG": RunConfig,
+                "DGEMMA_KV_CACHE": (KVCache, RemoteContext)}
 HIDDEN = {"UNIQUE_ID": "17", "PROMPT": {}, "EXTRA_PNGINFO": None}
 
 

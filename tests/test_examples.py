@@ -21,10 +21,11 @@ FRONTEND_ONLY = {"Note", "MarkdownNote"}
 def test_there_are_examples_of_each_kind():
     names = {p.stem for p in API}
     assert {"ping", "knobs", "trace", "thinking", "runlog", "gif", "kv_cache", "demo_smoke", "start_here", "image",
-            "advanced_chain", "advanced_infill", "advanced_schedulers"} <= names
+            "advanced_chain", "advanced_infill", "advanced_schedulers", "remote"} <= names
     assert {"diffusiongemma_start_here", "diffusiongemma_kv_cache", "diffusiongemma_thinking",
             "diffusiongemma_gif", "diffusiongemma_advanced_chain", "diffusiongemma_advanced_infill",
-            "diffusiongemma_advanced_schedulers", "diffusiongemma_image"} <= {p.stem for p in UI}
+            "diffusiongemma_advanced_schedulers", "diffusiongemma_image",
+            "diffusiongemma_remote"} <= {p.stem for p in UI}
 
 
 @pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
@@ -132,7 +133,16 @@ def test_every_template_has_a_thumbnail_from_a_screenshot(path):
 def test_api_example_runs_headless(path, tmp_path, monkeypatch):
     monkeypatch.setenv("DGEMMA_OUTPUT_DIR", str(tmp_path))
     graph = json.loads(path.read_text())
-    uis = run_graph(graph)
+    remote = [n for n in graph.values() if n["class_type"] == "DGemmaRemoteLoader"]
+    if remote:  # the remote example runs against a real server on loopback
+        from remote_server import served
+
+        with served() as (url, _):
+            for node in remote:
+                node["inputs"]["url"] = url
+            uis = run_graph(graph)
+    else:
+        uis = run_graph(graph)
     outputs = {node: ui for node, ui in uis.items()}
     assert outputs, "no output node ran"
     texts = [t for ui in outputs.values() for t in ui.get("text", [])]

@@ -30,11 +30,13 @@ VIEW = {"scale": 1.0, "offset": [80, 130]}  # where it opens: below the Run bar,
 # The smallest size the frontend gives each node, measured there: on load it enlarges smaller nodes to
 # this, and a sampler grows by the progress line under it once it runs (included here). Video Combine
 # grows by its GIF preview after a run, so a template leaves room below it.
-MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaSampler": (224, 586), "DGemmaDenoise": (287, 606),
+MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaRemoteLoader": (210, 130),
+            "DGemmaSampler": (224, 586), "DGemmaDenoise": (287, 606),
             "DGemmaEncode": (283, 128), "DGemmaTrace": (210, 126), "DGemmaSamplerAdvanced": (289, 832),
             "PreviewAny": (210, 112), "PreviewImage": (140, 26), "EmptyImage": (210, 130),
             "VHS_VideoCombine": (210, 238), "Note": (210, 88)}
-T = {"DGemmaLoader": (340, 200), "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 610),
+T = {"DGemmaLoader": (340, 200), "DGemmaRemoteLoader": (340, 140),
+     "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 610),
      "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (420, 832)}
 
 TEMPLATES = {
@@ -54,6 +56,21 @@ TEMPLATES = {
              "entropy_bound is what a step may accept; confidence stops a block early."),
             ((1160, 440, 320, 160), "4 · Trace: a heatmap of positions (columns) × steps (rows) from the "
              "scheduler's real accepted mask; mode entropy shows its uncertainty."),
+        ],
+    },
+    "diffusiongemma_remote": {
+        "source": "remote",
+        "nodes": {"1": (0, 0, *T["DGemmaRemoteLoader"]), "7": (0, 180, 340, 120),
+                  "2": (360, 0, *T["DGemmaSampler"]), "3": (820, 0, 320, 130), "4": (820, 170, 320, 210),
+                  "5": (1160, 0, *T["DGemmaTrace"]), "6": (1160, 180, 320, 220)},
+        "notes": [
+            ((0, 340, 340, 260), "1 · Remote Loader: the model runs on another machine. There, in the pack's "
+             "folder: python -m serve --model <checkpoint> (port 8190). Another host needs a token: set it in an "
+             "env var on both sides and name that var in token_env. dialect says what the server streams: "
+             "pack = all of it, as a local run."),
+            ((820, 420, 320, 180), "2 · The rest is the start-here graph, unchanged: the Sampler paints each "
+             "step live as the server streams it; text, canvas_state, the trace and its heatmap are the same "
+             "as a local run of the same checkpoint and seed."),
         ],
     },
     "diffusiongemma_kv_cache": {

@@ -1,0 +1,46 @@
+"""DGemmaRemoteLoader: a DGEMMA_MODEL served by another machine (this pack's server, a shim, vLLM)."""
+
+from __future__ import annotations
+
+from ..dgemma.preflight import short
+from ..remote.connect import connect
+from .schema import CATEGORY, MODEL
+
+URL_TOOLTIP = "Base URL of the server, e.g. http://127.0.0.1:8190 (no /v1)."
+TOKEN_TOOLTIP = ("Name of an environment variable (of the ComfyUI process) holding the server's bearer token; "
+                 "the token itself is never stored in the workflow or the run log. Empty: no token.")
+MODEL_TOOLTIP = "The served model's id from /v1/models; empty takes the first one listed."
+
+
+class DGemmaRemoteLoader:
+    CATEGORY = CATEGORY
+    FUNCTION = "load"
+    RETURN_TYPES = (MODEL, "STRING")
+    RETURN_NAMES = ("model", "dialect")
+    OUTPUT_TOOLTIPS = ("The remote model: Sampler, Denoise, Encode and the Advanced sampler take it as they take "
+                       "a local one.",
+                       "What the server's stream carries: pack (every step in full), diffusion_frame (step text "
+                       "only) or vllm (one text per canvas).")
+    DESCRIPTION = ("Uses a DiffusionGemma served on another machine: this pack's server (python -m serve) gives "
+                   "the same tokens, frames, trace and run log as a local run; a llama.cpp/Unsloth "
+                   "diffusion_frame server paints each step's text; vLLM paints one frame per canvas. Checks "
+                   "/health and /v1/models first and says which dialect it found.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {"url": ("STRING", {"default": "http://127.0.0.1:8190", "tooltip": URL_TOOLTIP})},
+            "optional": {"token_env": ("STRING", {"default": "", "tooltip": TOKEN_TOOLTIP}),
+                         "model_id": ("STRING", {"default": "", "tooltip": MODEL_TOOLTIP})},
+        }
+
+    @classmethod
+    def IS_CHANGED(cls, url, token_env="", model_id=""):
+        return float("nan")  # the server may have restarted or changed model: check it every run
+
+    def load(self, url, token_env="", model_id=""):
+        for name, value in (("url", url), ("token_env", token_env), ("model_id", model_id)):
+            if not isinstance(value, str):
+                raise ValueError(f"RemoteLoader input {name} must be text, got {short(value)}")
+        model = connect(url.strip(), token_env.strip(), model_id.strip())
+        return (model, model.dialect)

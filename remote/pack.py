@@ -1,0 +1,144 @@
+"""The full-fidelity dialect: this pack's own server, which streams every step as the trace stores it.
+
+The client rebuilds the very Frames, CanvasTrace, CanvasState and RunConfig a local run of the
+same checkpoint and seed gives; KV contexts and paused canvases stay on the server, by handle.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+
+from ..dgemma.errors import InputError
+from ..dgemma.knobs import Knobs, check_knob
+from ..dgemma.loop import Cancelled
+from ..dgemma.resume import WINDOW_KNOBS, Advanced
+from ..dgemma.run import RunResult
+from ..dgemma.tokens import check_text
+from ..dgemma.vision import check_image_tensor
+from ..dgemma.wire import result_parts, row_frame, step_row
+from .http import Interrupted, RemoteError, RemoteRefusal
+from .model import RemoteContext, RemoteResume
+
+CHAT = "/v1/chat/completions"
+
+
+def image_json(image) -> dict:
+    data = image.detach().to("cpu").float().numpy().astype("<f4")
+    return {"shape": list(data.shape), "data": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def refused(err: RemoteRefusal) -> Exception:
+    """A server's 400 naming a field is the engine's InputError; anything else stays a RemoteError."""
+    return InputError(err.param, err.message) if err.status == 400 and err.param else err
+
+
+class PackBackend:
+    """Runs, encodes and checks on the pack's server at `remote`."""
+
+    dialect = "pack"
+
+    def __init__(self, remote):
+        self.remote = remote
+
+    def check(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
+        """The checks that need no model; the server makes the rest before its first step."""
+        check_text("prompt", prompt)
+        if not isinstance(knobs, Knobs):
+            raise InputError("knobs", f"knobs must be a Knobs, got {type(knobs).__name__}")
+        if context is not None and not (isinstance(context, RemoteContext) and context.model is model):
+            raise InputError("context", "the KV context was not encoded on this remote model; encode it with a "
+                                        "DGemmaEncode wired to the same remote loader")
+        if image is not None:
+            check_image_tensor("image", image)
+            if not model.vision:
+                raise InputError("image", f"{model} takes no images; leave image unwired")
+        if context is None and image is None and not prompt.strip():
+            raise InputError("prompt", "prompt is empty; type a prompt, or give an encoded KV context for a "
+                                       "pure-injection run")
+        if advanced is not None:
+            self._check_advanced(model, prompt, context, advanced)
+
+    def _check_advanced(self, model, prompt, context, advanced) -> None:
+        if not isinstance(advanced, Advanced):
+            raise InputError("advanced", f"advanced must be an Advanced, got {type(advanced).__name__}")
+        for name in WINDOW_KNOBS:
+            check_knob(name, getattr(advanced, name), WINDOW_KNOBS)
+        resume = advanced.resume
+        if resume is None:
+            return
+        if not isinstance(resume, RemoteResume) or resume.model is not model:
+            raise InputError("canvas_state", "canvas_state comes from a run on another model; wire the same model "
+                                             "into both samplers")
+        if resume.prompt != prompt:
+            raise InputError("prompt", f"prompt differs from the resumed run's ({resume.prompt[:60]!r}); a resumed "
+                                       "run continues its own prompt, so give the same prompt")
+        if resume.context is not context:
+            raise InputError("context", "the KV context differs from the resumed run's; wire the same kv_cache "
+                                        "(or none) into both samplers")
+
+    def body(self, model, prompt, knobs, context, image, advance_context, advanced) -> dict:
+        ext = {"knobs": knobs.asdict(), "advance_context": advance_context}
+        if context is not None:
+            ext["context"] = context.handle
+        if image is not None:
+            ext["image"] = image_json(image)
+        if advanced is not None:
+            sched = advanced.scheduling
+            ext["advanced"] = {"scheduler": {"name": sched.name, **dict(sched.settings)},
+                               "start_step": advanced.start_step, "end_step": advanced.end_step, "pins": advanced.pins,
+                               "resume": advanced.resume.handle if advanced.resume is not None else None}
+        return {"model": model.model_id, "stream": True, "messages": [{"role": "user", "content": prompt}],
+                "dgemma": ext}
+
+    def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
+            advance_context=False, advanced=None) -> RunResult:
+        """One run on the server; each streamed step reaches `on_frame` as the Frame a local run gives."""
+        resume = advanced.resume if advanced is not None else None
+        rows, final, L = list(resume.recorded.rows) if resume is not None else [], None, model.canvas_length
+        body = self.body(model, prompt, knobs, context, image, advance_context, advanced)
+        new = 0
+        try:
+            for chunk in self.remote.stream(CHAT, body, should_cancel):
+                if "error" in chunk:
+                    err = chunk["error"]
+                    if err.get("param"):
+                        raise InputError(err["param"], err.get("message", ""))
+                    raise RemoteError(f"{self.remote.url} stopped the run after {new} steps: {err.get('message')}")
+                if chunk.get("type") == "diffusion_frame":
+                    rows.append(step_row(chunk["dgemma"], L))
+                    new += 1
+                    if on_frame is not None:
+                        on_frame(row_frame(rows[-1], L))
+                elif "dgemma" in chunk:
+                    final = chunk["dgemma"]
+        except Interrupted:
+            raise Cancelled(new) from None
+        except RemoteRefusal as err:
+            raise refused(err) from None
+        if final is None:
+            raise RemoteError(f"{self.remote.url} ended the stream without the run's result")
+        return self._result(model, prompt, context, final, rows)
+
+    def _result(self, model, prompt, context, final, rows) -> RunResult:
+        state, trace, config, recorded = result_parts(final, rows, model.canvas_length, model.token_strings)
+        if final["resume"] is not None:
+            keep = RemoteResume(model, final["resume"], prompt, context, recorded)
+            state = dataclasses.replace(state, resume=keep)
+        made = final["context"]
+        new_context = RemoteContext(model, made["handle"], made["length"], made["summary"]) if made else None
+        return RunResult(state.text, state, trace, config, new_context)
+
+    def encode(self, model, text, onto=None, should_cancel=None, image=None) -> RemoteContext:
+        check_text("text", text)
+        if onto is not None and not (isinstance(onto, RemoteContext) and onto.model is model):
+            raise InputError("context", "the KV context to continue was not encoded on this remote model")
+        body = {"text": text, "onto": onto.handle if onto is not None else None,
+                "image": image_json(image) if image is not None else None}
+        try:
+            made = self.remote.call("POST", "/v1/dgemma/contexts", body)
+        except RemoteRefusal as err:
+            raise refused(err) from None
+        return RemoteContext(model, made["handle"], made["length"], made["summary"])
+
+

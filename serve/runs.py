@@ -1,0 +1,120 @@
+"""The server's engine side: one model, the handles it keeps, and one run at a time.
+
+Runs go through `dgemma.backend` (the one door to the engine) on a single worker thread; each
+step is turned into its SSE chunk on that thread, so the event loop only writes bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+from ..dgemma.backend import backend_of
+from ..dgemma.errors import InputError
+from ..dgemma.wire import result_json, step_json
+
+
+class Handles:
+    """Payloads kept for clients by opaque handle (KV contexts, resumable canvases), oldest dropped first."""
+
+    def __init__(self, kind: str, limit: int):
+        self.kind, self.limit = kind, limit
+        self._items: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, item) -> str:
+        handle = f"{self.kind}-{secrets.token_hex(8)}"
+        with self._lock:
+            self._items[handle] = item
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+        return handle
+
+    def get(self, name: str, handle):
+        with self._lock:
+            item = self._items.get(handle) if isinstance(handle, str) else None
+            if item is not None:
+                self._items.move_to_end(handle)
+        if item is None:
+            raise InputError(name, f"{name} handle {str(handle)[:40]!r} is not held by this server (it keeps the "
+                                   f"last {self.limit}); run the node that made it again")
+        return item
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Engine:
+    """One loaded model served to many clients, one run at a time, a bounded number waiting."""
+
+    def __init__(self, dm, model_id: str, max_queue: int = 8):
+        self.dm, self.model_id, self.max_queue = dm, model_id, max_queue
+        self.backend = backend_of(dm)
+        self.contexts = Handles("ctx", 32)
+        self.resumes = Handles("state", 8)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgemma-run")
+        self.jobs = 0  # running + waiting
+        self._lock = threading.Lock()
+
+    def admit(self) -> bool:
+        """Take a place in the queue, or refuse when it is full."""
+        with self._lock:
+            if self.jobs > self.max_queue:
+                return False
+            self.jobs += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.jobs -= 1
+
+    def info(self) -> dict:
+        dm = self.dm
+        return {"canvas_length": dm.canvas_length, "max_positions": dm.max_positions, "vocab_size": dm.vocab_size,
+                "vision": dm.image_processor is not None, "tokenizer_fingerprint": dm.tokenizer_fingerprint,
+                "protocol": 1, **dm.describe()}
+
+    def frame_chunk(self, head: dict, steps: int):
+        """on_frame for one run: the step as a diffusion_frame chunk (the shim's fields, plus the trace's)."""
+        strings = self.dm.token_strings
+
+        def chunk(frame) -> bytes:
+            text = "".join(strings[i] for i in frame.ids.tolist())
+            return sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": None}],
+                        "type": "diffusion_frame", "block": frame.block, "step": frame.step, "total": steps,
+                        "text": text, "dgemma": step_json(frame)})
+        return chunk
+
+    def run(self, job, on_frame, should_cancel) -> tuple[object, dict, float]:
+        """Run a job on the worker thread: (RunResult, its result_json, wall seconds)."""
+        start = time.perf_counter()
+        result = self.backend.run(self.dm, job.prompt, job.knobs, on_frame=on_frame, should_cancel=should_cancel,
+                                  **job.options)
+        wall = time.perf_counter() - start
+        resume = result.state.resume
+        handle = self.resumes.put(resume) if resume is not None else None
+        context = None
+        if result.context is not None:
+            context = {"handle": self.contexts.put(result.context), "length": result.context.length,
+                       "summary": result.context.summary()}
+        return result, result_json(result, handle, context), wall
+
+    def encode(self, text, onto, image, should_cancel) -> dict:
+        cache = self.backend.encode(self.dm, text, onto=onto, should_cancel=should_cancel, image=image)
+        return {"handle": self.contexts.put(cache), "length": cache.length, "summary": cache.summary()}
+
+
+def timings(state, canvas: int, wall: float) -> dict:
+    """The llama.cpp-style timings block with the diffusion_* fields of the Unsloth shim."""
+    ms = wall * 1000.0
+    rate = lambda n: n / wall if wall > 0 else 0.0
+    return {"predicted_n": state.answer_tokens, "predicted_ms": ms, "diffusion": True,
+            "diffusion_steps": state.steps_used, "diffusion_blocks": state.blocks, "diffusion_canvas": canvas,
+            "diffusion_wall_ms": ms, "diffusion_effective_tok_s": rate(canvas * state.blocks),
+            "diffusion_parallel_tok_s": rate(canvas * state.steps_used),
+            "diffusion_output_tok_s": rate(state.answer_tokens)}

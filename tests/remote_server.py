@@ -1,0 +1,36 @@
+"""A real `python -m serve` process on loopback for the remote tests and the benchmark."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def served(*args: str, env: dict | None = None):
+    """Start the server on a free port; yields its URL and the process; stops it afterwards."""
+    proc = subprocess.Popen([sys.executable, "-m", "serve", "--port", "0", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+    try:
+        url = None
+        for line in proc.stdout:
+            found = re.search(r"serving on (http://\S+)", line)
+            if found:
+                url = found.group(1)
+                break
+        if url is None:
+            raise RuntimeError(f"the server did not start (exit {proc.wait()})")
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
