@@ -216,7 +216,10 @@ class Recorder:
         self._rows: list[Row] = list(resumed.rows)
         self.stopped_early: list[bool] = list(resumed.stopped_early)
         self.knob_sets: list[dict] = list(resumed.knob_sets)
-        self.use_knobs(knobs.asdict() if knob_set is None else knob_set)
+        if knob_set is not None:
+            self.use_knobs(knob_set)
+        elif not self.knob_sets:
+            self.knob_sets.append(knobs.asdict())
 
     def __len__(self) -> int:
         return len(self._rows)
