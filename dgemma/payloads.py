@@ -48,7 +48,7 @@ class DGemmaModel:
 
     @cached_property
     def tokenizer_fingerprint(self) -> str:
-        from .context import tokenizer_fingerprint
+        from .tokens import tokenizer_fingerprint
 
         return tokenizer_fingerprint(self.tokenizer)
 

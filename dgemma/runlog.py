@@ -71,7 +71,7 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "timestamp_utc": datetime.now(timezone.utc).isoformat(), "prompt": config.prompt,
         "model_source": config.model_source, "seed": k.seed,
         "num_inference_steps_requested": k.num_inference_steps,
-        "num_inference_steps_effective": [int((trace.blocks == b).sum()) for b in range(trace.num_blocks)],
+        "num_inference_steps_effective": trace.steps_per_block,
         "gen_length": k.gen_length, "t_min": k.t_min, "t_max": k.t_max, "entropy_bound": k.entropy_bound,
         "confidence": k.confidence, "thinking": k.thinking, "scheduler_name": trace.scheduler_name,
         "scheduler_config": trace.scheduler_config, "quant": config.quant, "device": config.device,

@@ -34,7 +34,7 @@ def seed(value) -> int:
 def start_step(value, resume) -> int:
     """The window's start: an integer, or "auto" (where the resumed run paused, else 0)."""
     if value == "auto":
-        return resume.paused["step"] if resume is not None and resume.paused else 0
+        return resume.paused.step if resume is not None and resume.paused else 0
     if isinstance(value, str):
         raise InputError("start_step", f"start_step must be an integer or \"auto\", got {value!r}")
     return value

@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from ..dgemma.caption import Caption
+
 NOISE = "\u00b7"    # a position the scheduler has not accepted yet
 MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the text
 
@@ -57,5 +59,4 @@ class StepMessages:
         text = "".join(self.finished) + self.text(frame)
         if len(text) > MAX_CHARS:
             text = "\u2026" + text[-MAX_CHARS:]
-        return self.total, (f"block {frame.block + 1}/{self.blocks} step {frame.step + 1}/{self.steps}, "
-                            f"{100 * frame.committed_fraction:.0f}% committed: {text}")
+        return self.total, f"{Caption.live(frame, self.blocks, self.steps).text()}: {text}"

@@ -56,32 +56,34 @@ def validate(graph, classes: dict) -> list[str]:
         return ["this is a UI-format workflow; export it with Workflow > Export (API) and run that file"]
     errors = []
     for node_id, node in graph.items():
-        if not isinstance(node, dict) or not isinstance(node.get("class_type"), str) or \
-                not isinstance(node.get("inputs", {}), dict):
-            errors.append(f"node {node_id}: needs a class_type (text) and inputs (an object of input names), "
-                          f"got {str(node)[:80]}")
-            continue
-        cls = classes.get(node["class_type"])
-        if cls is None:
-            errors.append(f"node {node_id}: {node['class_type']!r} is not a node this runner knows "
-                          f"(it runs {', '.join(sorted(classes))}); run the graph in ComfyUI with --server")
-            continue
-        required, optional = input_specs(cls)
-        inputs = node.get("inputs", {})
-        for name in required:
-            if name not in inputs:
-                errors.append(f"node {node_id} ({node['class_type']}): required input {name!r} is missing")
-        for name, value in inputs.items():
-            declared = required.get(name) or optional.get(name)
-            if declared is None:
-                continue  # ComfyUI ignores inputs a node does not declare
-            in_type, options = declared[0], (declared[1] if len(declared) > 1 else {})
-            problem = _check_link(graph, classes, f"node {node_id} input {name!r}", in_type, value) \
-                if is_link(value) else _check_constant(node_id, name, in_type, options, value)
-            if problem:
-                errors.append(problem)
-        errors += _custom_validation(node_id, cls, inputs)
+        errors += _node_problems(graph, classes, node_id, node)
     return errors
+
+
+def _node_problems(graph: dict, classes: dict, node_id, node) -> list[str]:
+    """What is wrong with one node: its shape, its class, each of its inputs."""
+    if not isinstance(node, dict) or not isinstance(node.get("class_type"), str) or \
+            not isinstance(node.get("inputs", {}), dict):
+        return [f"node {node_id}: needs a class_type (text) and inputs (an object of input names), "
+                f"got {str(node)[:80]}"]
+    cls = classes.get(node["class_type"])
+    if cls is None:
+        return [f"node {node_id}: {node['class_type']!r} is not a node this runner knows "
+                f"(it runs {', '.join(sorted(classes))}); run the graph in ComfyUI with --server"]
+    required, optional = input_specs(cls)
+    inputs = node.get("inputs", {})
+    errors = [f"node {node_id} ({node['class_type']}): required input {name!r} is missing"
+              for name in required if name not in inputs]
+    for name, value in inputs.items():
+        declared = required.get(name) or optional.get(name)
+        if declared is None:
+            continue  # ComfyUI ignores inputs a node does not declare
+        in_type, options = declared[0], (declared[1] if len(declared) > 1 else {})
+        problem = _check_link(graph, classes, f"node {node_id} input {name!r}", in_type, value) \
+            if is_link(value) else _check_constant(node_id, name, in_type, options, value)
+        if problem:
+            errors.append(problem)
+    return errors + _custom_validation(node_id, cls, inputs)
 
 
 def _check_link(graph, classes: dict, where: str, in_type, link) -> str | None:

@@ -29,7 +29,7 @@ def chained(dm, knobs, ks, context=None, scheduling=Scheduling(), **kw):
     for start, end in zip(edges, edges[1:]):
         adv = Advanced(scheduling, start, end, resume=resume, **kw)
         if resume is not None and resume.paused is not None:
-            adv = dataclasses.replace(adv, start_step=resume.paused["step"])
+            adv = dataclasses.replace(adv, start_step=resume.paused.step)
         result = generate(dm, PROMPT, knobs, context=context, advanced=adv)
         resume = result.state.resume
     return result
@@ -60,7 +60,7 @@ def test_chained_windows_with_kv_context_and_adaptive_stop(demo_model, k):
     edges = [0, k, 12]
     resume = None
     for start, end in zip(edges, edges[1:]):
-        start = resume.paused["step"] if resume is not None and resume.paused else start
+        start = resume.paused.step if resume is not None and resume.paused else start
         result = generate(demo_model, "What is a+b?", knobs, context=ctx,
                           advanced=Advanced(start_step=start, end_step=end, resume=resume))
         resume = result.state.resume
@@ -183,13 +183,10 @@ def test_each_scheduler_matches_the_pipeline(tiny_model, scheduling, gen_length)
     knobs = Knobs(seed=4, num_inference_steps=6, gen_length=gen_length, confidence=0.0)
     dm = dataclasses.replace(tiny_model, eos_ids=(tiny_model.tokenizer.eos_token_id,))
     ours = generate(dm, PROMPT, knobs, advanced=Advanced(scheduling))
-    cls = getattr(diffusers, scheduling.diffusers_name)
-    config = {k: v for k, v in scheduling.config(knobs).items() if k not in ("temperature",)}
-    if scheduling.name == "block_refinement":
-        config["editing_threshold"] = config["editing_threshold"] or None
-        config["block_length"] = dm.canvas_length
-    scheduler = cls(**config)
-    sequence, canvases = pipeline_run(tiny_model, knobs, scheduler, scheduling.temperature)
+    built = scheduling.build(knobs, dm.canvas_length, "cpu").impl
+    assert type(built) is getattr(diffusers, scheduling.diffusers_name)
+    scheduler = type(built).from_config(built.config)  # the config the engine built is the one truth
+    sequence, canvases = pipeline_run(tiny_model, knobs, scheduler, dict(scheduling.settings).get("temperature", 0.0))
     assert list(ours.state.raw_ids) == sequence
     assert np.array_equal(ours.trace.ids, np.array(canvases))
     assert ours.trace.scheduler_name == scheduling.diffusers_name

@@ -89,9 +89,9 @@ def run(dm, prompt, knobs, windows=None, scheduling=EB, pins="", pause=None, **k
         return facts(dm, generate(dm, prompt, knobs, on_frame=on_frame, **kw), live, events)
     resume, edges = None, [0, *windows, pause or knobs.num_inference_steps]
     for start, end in zip(edges, edges[1:]):
-        start = resume.paused["step"] if resume is not None and resume.paused is not None else start
+        start = resume.paused.step if resume is not None and resume.paused is not None else start
         if resume is not None:
-            events.append(stream.start(resume.recorded[0]))
+            events.append(stream.start(resume.recorded))
         adv = Advanced(scheduling, start, end, pins, resume)
         result = generate(dm, prompt, knobs, advanced=adv, on_frame=on_frame, **kw)
         resume = result.state.resume
@@ -146,7 +146,7 @@ def _two_knob_windows(dm, prompt, first_knobs, second_knobs, k):
     live = []
     first = generate(dm, prompt, first_knobs, advanced=Advanced(end_step=k), on_frame=live.append)
     resume = first.state.resume
-    start = resume.paused["step"] if resume.paused is not None else k
+    start = resume.paused.step if resume.paused is not None else k
     result = generate(dm, prompt, second_knobs, advanced=Advanced(start_step=start, resume=resume),
                       on_frame=live.append)
     return facts(dm, result, live, [])
