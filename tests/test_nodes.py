@@ -146,7 +146,7 @@ def test_a_refused_run_leaves_the_view_alone_and_a_failing_run_says_so(tmp_path,
         def broken(*args, **kwargs):
             raise RuntimeError("CUDA out of memory")
 
-        monkeypatch.setattr(run, "denoise_blocks", broken)
+        monkeypatch.setattr(run, "drive", broken)
         with pytest.raises(RuntimeError):
             call(Sampler, model=demo, prompt="What is 2+2?", **KNOBS)
     assert [e for e, _, _ in comfy.events] == ["dgemma.start", "dgemma.done"]

@@ -1,0 +1,89 @@
+"""One decoder forward for many lanes: their caches as one left-padded batch, masked per layer kind.
+
+Each lane keeps its own cache, prefilled alone, so what the encoder wrote is bit for bit what a
+solo run writes. Per forward the working lanes' caches are stacked, each row padded on the left to
+the longest (sliding layers hold at most their window, so full and sliding layers pad apart); the
+padding is masked out of attention and each row keeps its own canvas positions. The stacked view
+is rebuilt only when the working lanes or their blocks change.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import fork_cache
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    pad = n - t.shape[-2]
+    return t if pad == 0 else torch.cat([t.new_zeros(*t.shape[:-2], pad, t.shape[-1]), t], dim=-2)
+
+
+def _mask(lengths: list[int], n: int, canvas_length: int, device):
+    """(B, 1, L, n + L) bool: each row sees its own keys and the canvas; None when no row is padded."""
+    if all(k == n for k in lengths):
+        return None
+    seen = torch.arange(n + canvas_length, device=device)[None, :] >= torch.tensor(
+        [n - k for k in lengths], device=device)[:, None]
+    return seen[:, None, None, :].expand(len(lengths), 1, canvas_length, n + canvas_length)
+
+
+class View:
+    """The stacked cache, per-kind masks and per-row positions of one set of lanes in their blocks."""
+
+    def __init__(self, lanes):
+        caches = [lane.decoder.cache for lane in lanes]
+        d = lanes[0].decoder
+        self.cache = fork_cache(caches[0])
+        self.masks: dict[str, torch.Tensor | None] = {}
+        for i, layer in enumerate(self.cache.layers):
+            keys = [c.layers[i].keys for c in caches]
+            values = [c.layers[i].values for c in caches]
+            n = max(k.shape[-2] for k in keys)
+            layer.keys = torch.cat([_left_pad(k, n) for k in keys])
+            layer.values = torch.cat([_left_pad(v, n) for v in values])
+            kind = SLIDING if self.cache.is_sliding[i] else FULL
+            if kind not in self.masks:
+                self.masks[kind] = _mask([k.shape[-2] for k in keys], n, d.L, d.device)
+        self.positions = torch.cat([lane.decoder.positions for lane in lanes])
+
+
+class BatchForward:
+    """`forward(lanes)` -> one logits tensor (1, L, V) per lane, from one forward per self-conditioning kind.
+
+    A lane at a block's first step has no self-conditioning yet; it runs in its own forward with the
+    other such lanes, as the model's forward takes the signal for the whole batch or none.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.views: dict[tuple, View] = {}
+
+    def _view(self, lanes) -> View:
+        key = tuple((id(lane), lane.block) for lane in lanes)
+        if key not in self.views:
+            if len(self.views) > 1:
+                self.views.clear()
+            self.views[key] = View(lanes)
+        return self.views[key]
+
+    def _run(self, lanes) -> torch.Tensor:
+        d, view = lanes[0].decoder, self._view(lanes)
+        canvas = torch.cat([lane.canvas for lane in lanes])
+        fresh = lanes[0].self_cond is None
+        self_cond = None if fresh else torch.cat([lane.self_cond for lane in lanes])
+        return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_cond,
+                          decoder_attention_mask=view.masks, decoder_position_ids=view.positions,
+                          **{d.model_kw: view.cache}).logits
+
+    def __call__(self, lanes) -> list[torch.Tensor]:
+        out: list = [None] * len(lanes)
+        for fresh in (True, False):
+            group = [i for i, lane in enumerate(lanes) if (lane.self_cond is None) == fresh]
+            if group:
+                logits = self._run([lanes[i] for i in group])
+                for row, i in enumerate(group):
+                    out[i] = logits[row:row + 1]
+        return out
