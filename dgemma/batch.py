@@ -87,3 +87,38 @@ class BatchForward:
                 for row, i in enumerate(group):
                     out[i] = logits[row:row + 1]
         return out
+
+
+STEP_COPIES = 6     # canvas x vocabulary tensors per item in a step: logits, self-conditioning, scheduler work
+MAX_BATCH_CAP = 32  # beyond this a step is compute-bound on any device we know; more items only add latency
+MEMORY_SHARE = 0.5  # of the free memory a batch may plan to take (activations and allocator slack take the rest)
+
+
+def item_bytes(dm, held_tokens: int) -> int:
+    """What one more item adds to a batched step: its vocabulary-wide step tensors (at the real vocabulary
+    the self-conditioning alone is canvas x 262,144 values) and its share of the stacked cache."""
+    tc = dm.model.config.get_text_config(decoder=True)
+    width = next(dm.model.parameters()).element_size()
+    vocab = STEP_COPIES * dm.canvas_length * dm.vocab_size * 4
+    kv = 0
+    for kind, layer in zip(tc.layer_types, tc.per_layer_config):
+        tokens = min(held_tokens, tc.sliding_window) if kind == SLIDING else held_tokens
+        kv += 2 * layer.num_key_value_heads * layer.head_dim * tokens * width
+    return vocab + kv
+
+
+def default_max_batch(dm, held_tokens: int, free: int) -> int:
+    """Items per batch that fit in `free` bytes (between 1 and MAX_BATCH_CAP)."""
+    return max(1, min(MAX_BATCH_CAP, int(free * MEMORY_SHARE) // max(item_bytes(dm, held_tokens), 1)))
+
+
+def fitting_batch(requests) -> int:
+    """The default batch size of these requests: what fits in the free memory of their model's device."""
+    from .cache import input_device
+    from .preflight import free_ram, free_vram
+
+    dm = requests[0].dm
+    held = max((r.context.length if r.context is not None else 0) + len(r.turn) + r.blocks * dm.canvas_length
+               for r in requests)
+    free = free_vram() if input_device(dm.model).type == "cuda" else free_ram()
+    return default_max_batch(dm, held, free)

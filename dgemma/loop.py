@@ -194,6 +194,7 @@ class Lane:
         self.canvas = self.self_cond = self.stop = self.pins = None
         self.in_block = self.stopped = self.finished = False
         self.sequence = None
+        self.on_end: Callable[[], None] | None = None  # told once, when the lane finished or paused
 
     def ready(self) -> bool:
         """True when the lane has a step to take; False once it finished or paused."""
@@ -247,12 +248,17 @@ class Lane:
     def _pause(self) -> None:
         self.plan.paused = Pause(self.block, self.step, self.canvas, self.self_cond, self.stop, self.stepper.state(),
                                  tuple(self.done))
-        self.sequence, self.finished = torch.cat([*self.done, self.canvas], dim=-1), True
+        self._end(torch.cat([*self.done, self.canvas], dim=-1))
 
     def _finish(self) -> None:
         if self.encode_last:
             encode_ids(self.decoder.model, self.decoder.cache, self.done[-1])
-        self.sequence, self.finished = torch.cat(self.done, dim=-1), True
+        self._end(torch.cat(self.done, dim=-1))
+
+    def _end(self, sequence) -> None:
+        self.sequence, self.finished = sequence, True
+        if self.on_end is not None:
+            self.on_end()
 
 
 @with_compute_threads

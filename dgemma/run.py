@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batch import BatchForward
+from .batch import BatchForward, fitting_batch
 from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
 from .errors import InputError
@@ -177,12 +177,14 @@ def run(req: Request, *, on_frame: Callable[[Frame], None] | None = None,
 
 
 def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
-              should_cancel: Callable[[], bool] | None = None, max_batch: int | None = None) -> list[RunResult]:
-    """Run prepared requests of one model together, `max_batch` at a time: one decoder forward per step
-    for every item still working, everything else (generator, scheduler, stop, pins, constraint,
-    record) per item, so each result is its solo run's. `on_frame(index, frame)` reports each step."""
+              should_cancel: Callable[[], bool] | None = None, max_batch: int | None = None,
+              on_settled: Callable[[int], None] | None = None) -> list[RunResult]:
+    """Run prepared requests of one model together, `max_batch` at a time (None: as many as fit in free
+    memory): one decoder forward per step for every item still working, everything else (generator,
+    scheduler, stop, pins, constraint, record) per item, so each result is its solo run's.
+    `on_frame(index, frame)` reports each step, `on_settled(index)` each item that finished or paused."""
     check_batch(requests, max_batch)
-    size = max_batch or max(len(requests), 1)
+    size = max_batch or (fitting_batch(requests) if len(requests) > 1 else 1)
     results: list[RunResult] = []
     for lo in range(0, len(requests), size):
         items = []
@@ -190,6 +192,8 @@ def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
             if items and should_cancel is not None and should_cancel():
                 raise Cancelled(0)
             items.append(_launch(req, None if on_frame is None else functools.partial(on_frame, index)))
+            if on_settled is not None:
+                _tell_settled(items[-1], functools.partial(on_settled, index))
         lanes = [item.lane for item in items if item.lane is not None]
         if lanes:
             model = requests[0].dm.model
@@ -210,6 +214,13 @@ def check_batch(requests, max_batch=None) -> None:
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise InputError("max_batch", f"max_batch must be a whole number of items of at least 1, got "
                                       f"{max_batch!r}")
+
+
+def _tell_settled(item, told) -> None:
+    if item.lane is None:
+        told()  # a resumed run that had finished: nothing left to run
+    else:
+        item.lane.on_end = told
 
 
 @dataclass(eq=False)

@@ -101,3 +101,66 @@ class StepStream:
         interrupted = "Interrupt" in type(error).__name__ or type(error).__name__ == "Cancelled"
         return {"node": self.node, "status": "interrupted" if interrupted else "error",
                 "message": str(error)[:MAX_TEXT], "steps_used": self.count}
+
+
+class BatchStream:
+    """The events of one node's list run: one StepStream per item, painted as rows of one view.
+
+    A single item sends exactly a single run's events. Several add to every event the item count
+    and, per step, the item it belongs to and how many items have settled.
+    """
+
+    def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int, token_strings):
+        self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings) for blocks, steps in rows]
+        self.settled: set[int] = set()
+
+    @property
+    def items(self) -> int:
+        return len(self.streams)
+
+    def start(self, resumed: list) -> dict:
+        """`resumed`: per item the `Recorded` steps it resumes from, or None."""
+        events = [s.start(r) for s, r in zip(self.streams, resumed)]
+        if self.items == 1:
+            return events[0]
+        rows = [{"blocks": s.blocks, "steps": s.steps, **({"resumed": e["resumed"]} if "resumed" in e else {})}
+                for s, e in zip(self.streams, events)]
+        first = {k: v for k, v in events[0].items() if k != "resumed"}
+        return {**first, "blocks": max(r["blocks"] for r in rows), "steps": max(r["steps"] for r in rows),
+                "items": self.items, "rows": rows}
+
+    def step(self, index: int, frame) -> dict:
+        event = self.streams[index].step(frame)
+        return event if self.items == 1 else {**event, "item": index, "items": self.items,
+                                              "settled": len(self.settled)}
+
+    def settle(self, index: int) -> None:
+        self.settled.add(index)
+
+    def progress_text(self, index: int, frame) -> str:
+        text = self.streams[index].progress_text(frame)
+        if self.items == 1:
+            return text
+        return f"{len(self.settled)} of {self.items} items settled · item {index + 1}: {text}"
+
+    def done_text(self, results) -> str:
+        if self.items == 1:
+            return self.streams[0].done_text(results[0].state.steps_used, results[0].text, results[0].state.paused)
+        texts = " | ".join(r.text.replace("\n", " ") for r in results)
+        if len(texts) > MAX_PROGRESS_TEXT:
+            texts = texts[:MAX_PROGRESS_TEXT - 1] + "…"
+        return f"done · {self.items} items settled, {sum(r.state.steps_used for r in results)} steps\n{texts}"
+
+    def done(self, results) -> dict:
+        ends = [s.done(r.state.steps_used, r.text, r.state.paused) for s, r in zip(self.streams, results)]
+        if self.items == 1:
+            return ends[0]
+        return {"node": ends[0]["node"], "status": "done", "steps_used": sum(e["steps_used"] for e in ends),
+                "text": ends[0]["text"], "paused": any(e["paused"] for e in ends), "items": ends}
+
+    def failed(self, error: BaseException) -> dict:
+        event = self.streams[0].failed(error)
+        if self.items == 1:
+            return event
+        return {**event, "steps_used": sum(s.count for s in self.streams), "items": self.items,
+                "settled": len(self.settled)}
