@@ -106,13 +106,14 @@ class StepStream:
 class BatchStream:
     """The events of one node's list run: one StepStream per item, painted as rows of one view.
 
-    A single item sends exactly a single run's events. Several add to every event the item count
-    and, per step, the item it belongs to and how many items have settled.
+    A single item sends exactly a single run's events. Several add the item count and each item's
+    blocks and steps to the start, and to every step the item it belongs to and the items settled
+    so far (item index -> its steps).
     """
 
     def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int, token_strings):
         self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings) for blocks, steps in rows]
-        self.settled: set[int] = set()
+        self.settled: dict[str, int] = {}
 
     @property
     def items(self) -> int:
@@ -132,10 +133,10 @@ class BatchStream:
     def step(self, index: int, frame) -> dict:
         event = self.streams[index].step(frame)
         return event if self.items == 1 else {**event, "item": index, "items": self.items,
-                                              "settled": len(self.settled)}
+                                              "settled": dict(self.settled)}
 
     def settle(self, index: int) -> None:
-        self.settled.add(index)
+        self.settled[str(index)] = self.streams[index].count
 
     def progress_text(self, index: int, frame) -> str:
         text = self.streams[index].progress_text(frame)
