@@ -61,7 +61,8 @@ function joinTokens(tokens) {
   return Array.isArray(tokens) ? tokens.map((t) => String(t ?? "")).join("") : "";
 }
 
-export function createCanvasView(container, { idleText = "DiffusionGemma · waiting for a run", label = "" } = {}) {
+export function createCanvasView(container, { idleText = "DiffusionGemma · waiting for a run", label = "",
+  follow = true } = {}) {
   const doc = container.ownerDocument || document;
   ensureStyle(doc);
 
@@ -112,7 +113,9 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       const box = doc.createElement("div");
       box.className = "dg-row";
       rowsBox.appendChild(box);
-      const child = createCanvasView(box, { idleText: `item ${i + 1} · waiting`, label: `item ${i + 1} · ` });
+      // A row shows its answer's start: it does not follow the text down as a single view does.
+      const child = createCanvasView(box, { idleText: `item ${i + 1} · waiting`, label: `item ${i + 1} · `,
+        follow: false });
       child.start({ ...common, ...row });
       return child;
     });
@@ -186,6 +189,11 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       setHeader(`interrupted at block ${last.block + 1} step ${last.step + 1}`);
       return;
     }
+    if (label) {  // a row of a list run: the committed share first, as a narrow node cuts the line's end
+      setHeader(`committed ${num((last.committed ?? 0) * 100, 0)}% · block ${last.block + 1}/${blocks ?? "?"} · `
+        + `step ${last.step + 1}/${steps ?? "?"}`);
+      return;
+    }
     setHeader(last.caption ? String(last.caption) : `block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`);
   }
 
@@ -220,7 +228,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     if (handle !== null) { unschedule(handle); handle = null; }
     pending = 0;
     stats.paints += 1;
-    const stick = body.scrollTop + body.clientHeight >= body.scrollHeight - 8;
+    const stick = follow && body.scrollTop + body.clientHeight >= body.scrollHeight - 8;
     root.classList.toggle("dg-idle", !run && !last);
     const status = doneEv ? doneEv.status ?? "done" : null;
     root.classList.toggle("dg-finished", status === "done");

@@ -354,7 +354,8 @@ try {
       assert(row.header.startsWith(`item ${i + 1} · `), `row ${i} header: ${row.header}`);
       if (own.length && !(String(i) in B_STEPS[half - 1].settled)) {
         const lastOwn = own[own.length - 1];
-        assert(row.header.includes(`step ${lastOwn.step + 1}/`), `row ${i} own step: ${row.header}`);
+        assertEq(row.header, `item ${i + 1} · committed ${Math.round(lastOwn.committed * 100)}% · block `
+          + `${lastOwn.block + 1}/${lastOwn.blocks} · step ${lastOwn.step + 1}/${lastOwn.steps}`, `row ${i} header`);
       }
     });
     await page.screenshot({ path: path.join(shotDir, "5-list-run-mid.png") });
@@ -432,6 +433,27 @@ try {
     assertEq(r.b, "", "node 8 text (no events for it)");
     assertEq(r.inner, "z".repeat(L), "subgraph node 12:7 text");
     assert(r.header.includes("done"), `node 7 header: ${r.header}`);
+  });
+
+  await check("glue: a list run grows its node to show every row", async () => {
+    const r = await page.evaluate(async ({ start, step }) => {
+      const { app, FakeNode } = await import("/scripts/app.js");
+      const { api } = await import("/scripts/api.js");
+      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
+      const host = document.createElement("div");
+      document.body.appendChild(host);
+      const n = new FakeNode("DGemmaSampler", 41, host);
+      ext.nodeCreated(n, app);
+      n.id = 41;
+      app.rootGraph.add(n);
+      const before = n.size[1];
+      api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, node: "41" } }));
+      api.dispatchEvent(new CustomEvent("dgemma.step", { detail: { ...step, node: "41" } }));
+      await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+      return { before, after: n.size[1], rows: n.widgets[0].element.querySelectorAll(".dg-row").length };
+    }, { start: B_START, step: B_STEPS[0] });
+    assertEq(r.rows, B_START.items, "rows in the node");
+    assertEq(r.after, r.before + (B_START.items - 1) * 64, `node height ${r.before} -> ${r.after}`);
   });
 
   await check("a workflow tab switch keeps each node's last run", async () => {
