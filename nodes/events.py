@@ -30,10 +30,10 @@ def step_states(frame, previous) -> str:
     def masks(name):
         if getattr(frame, name) is None:
             return None
-        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.accepted)
+        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.committed)
                          for f in rows])
 
-    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.accepted for f in rows]),
+    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.committed for f in rows]),
                              np.array([f.block for f in rows]), masks("pinned"), masks("constrained"))[-1]
     return "".join(map(str, states.tolist()))
 
@@ -77,9 +77,9 @@ class StepStream:
         return event
 
     def progress_text(self, frame) -> str:
-        """One step as the short text under the node: its caption, and the accepted text so far (a
+        """One step as the short text under the node: its caption, and the committed text so far (a
         position still noise is a dot)."""
-        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.accepted.tolist())]
+        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.committed.tolist())]
         text = "".join(pieces).replace("\n", " ")
         if len(text) > MAX_PROGRESS_TEXT:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"

@@ -101,7 +101,7 @@ class DGemmaSampler:
     FUNCTION = "sample"
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
-                   "noise and the lowest-entropy positions are accepted step by step. The node paints the canvas "
+                   "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
                    "An optional image is read by the encoder with the turn. For context from a KV cache use "
                    "DGemmaDenoise.")

@@ -38,7 +38,7 @@ def chained(dm, knobs, ks, context=None, scheduling=Scheduling(), **kw):
 def same_run(a, b):
     assert a.state.raw_ids == b.state.raw_ids and a.text == b.text
     assert len(a.trace) == len(b.trace)
-    for name in ("blocks", "steps", "ids", "accepted_bits", "entropy", "stop_bits", "times"):
+    for name in ("blocks", "steps", "ids", "committed_bits", "entropy", "stop_bits", "times"):
         assert np.array_equal(getattr(a.trace, name), getattr(b.trace, name)), name
     assert a.trace.block_stopped_early == b.trace.block_stopped_early
 

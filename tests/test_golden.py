@@ -58,7 +58,7 @@ def facts(dm, result, live: list, stream_events: list) -> dict:
     """Everything a run shows, as digests beside the ids and text in full."""
     trace, state = result.trace, result.state
     texts = frame_texts(trace, dm.token_strings)
-    arrays = ("blocks", "steps", "ids", "accepted_bits", "entropy", "stop_bits", "pinned_bits", "times",
+    arrays = ("blocks", "steps", "ids", "committed_bits", "entropy", "stop_bits", "pinned_bits", "times",
               "knob_index")
     out = {"raw_ids": list(state.raw_ids), "text": state.text,
            "canvas_state": _scrub(state.asdict()), "frames": digest(texts),
@@ -68,7 +68,7 @@ def facts(dm, result, live: list, stream_events: list) -> dict:
                           "block_stopped_early": list(trace.block_stopped_early),
                           "knob_sets": list(trace.knob_sets), "context": _scrub(trace.context)},
            "runlog": digest([_scrub(r) for r in records(trace, result.config, state, texts)]),
-           "live": digest([(f.block, f.step, f.t, f.temperature, f.ids, f.accepted, f.entropy, f.stop, f.pinned)
+           "live": digest([(f.block, f.step, f.t, f.temperature, f.ids, f.committed, f.entropy, f.stop, f.pinned)
                            for f in live]),
            "events": digest(stream_events)}
     if result.context is not None:
