@@ -71,6 +71,10 @@ def check_window(start_step, end_step) -> None:
     """The window's own checks, which need no model: each step in range, start below end."""
     for name, value in (("start_step", start_step), ("end_step", end_step)):
         check_knob(name, value, WINDOW_KNOBS)
+    check_window_order(start_step, end_step)
+
+
+def check_window_order(start_step: int, end_step: int) -> None:
     if start_step >= end_step:
         raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
                                        "[start_step, end_step) would run no step")
