@@ -35,12 +35,9 @@ PROMPT = "What is 3+4?"
 
 
 def diffusers_scheduler(knobs: Knobs, scheduling: Scheduling, canvas_length: int):
-    import diffusers
-
-    config = {k: v for k, v in scheduling.config(knobs).items() if k != "temperature"}
-    if scheduling.name == "block_refinement":
-        config.update(block_length=canvas_length, editing_threshold=config["editing_threshold"] or None)
-    return getattr(diffusers, scheduling.diffusers_name)(**config)
+    """A fresh diffusers scheduler with the config of the one the engine builds."""
+    impl = scheduling.build(knobs, canvas_length, "cpu").impl
+    return type(impl).from_config(impl.config)
 
 
 def run_pipeline(dm, knobs: Knobs, scheduling: Scheduling = Scheduling()) -> None:
@@ -51,7 +48,7 @@ def run_pipeline(dm, knobs: Knobs, scheduling: Scheduling = Scheduling()) -> Non
     pipe.set_progress_bar_config(disable=True)
     pipe(prompt=PROMPT, gen_length=knobs.gen_length, num_inference_steps=knobs.num_inference_steps,
          confidence_threshold=knobs.confidence or None, generator=torch.Generator().manual_seed(knobs.seed),
-         temperature=scheduling.temperature, output_type="seq")
+         temperature=dict(scheduling.settings).get("temperature", 0.0), output_type="seq")
 
 
 def scheduler_lines(dm, knobs: Knobs, repeats: int = 5) -> None:

@@ -148,14 +148,14 @@ def step_breakdown(dm, knobs: Knobs) -> dict:
     """
     from diffusiongemma.dgemma.cache import encode_ids, new_cache
     from diffusiongemma.dgemma.loop import AdaptiveStop, BlockDecoder, step_entropy
-    from diffusiongemma.dgemma.schedulers import Scheduling, Stepper
+    from diffusiongemma.dgemma.schedulers import Scheduling
     from diffusiongemma.dgemma.trace import Recorder
 
     cache = new_cache(dm.model)
     encode_ids(dm.model, cache, dm.tokenizer(PROMPT)["input_ids"])
     gen = torch.Generator().manual_seed(knobs.seed)
     blocks, rec = BlockDecoder(dm.model, cache), Recorder(knobs, dm.canvas_length)
-    stepper = rec.clock = Stepper(Scheduling(), knobs, blocks.L, blocks.device)
+    stepper = rec.clock = Scheduling().build(knobs, blocks.L, blocks.device)
     canvas = blocks.start_block(gen)
     stop, self_cond = AdaptiveStop(knobs.confidence, canvas, blocks.device), None
     parts = {"forward": 0.0, "scheduler": 0.0, "stop": 0.0, "capture": 0.0}
@@ -164,7 +164,8 @@ def step_breakdown(dm, knobs: Knobs) -> dict:
             t0 = time.process_time()
             logits = blocks.logits(canvas, self_cond)
             t1 = time.process_time()
-            canvas, accepted, self_cond, entropy = stepper.step(logits, step, canvas, gen, blocks.logits)
+            out = stepper.step(logits, step, canvas, gen, blocks.logits)
+            canvas, accepted, self_cond, entropy = out.canvas, out.committed, out.pred_logits, out.entropy
             t2 = time.process_time()
             entropy = step_entropy(self_cond, entropy, stop.confidence)
             t3 = time.process_time()

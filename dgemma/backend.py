@@ -9,8 +9,7 @@ from __future__ import annotations
 from .context import encode_context
 from .errors import InputError
 from .guide import guide_for
-from .resume import check_advanced
-from .run import check_inputs, generate
+from .run import generate, prepare
 
 
 class LocalBackend:
@@ -18,9 +17,7 @@ class LocalBackend:
 
     def check(self, dm, prompt, knobs, context=None, image=None, advanced=None) -> None:
         """Every check that needs no model work, before any event or progress is shown."""
-        check_inputs(dm, prompt, knobs, context, image)
-        if advanced is not None:
-            check_advanced(dm, prompt, knobs, context, advanced, image)
+        prepare(dm, prompt, knobs, context=context, image=image, advanced=advanced)
 
     def run(self, dm, prompt, knobs, **options):
         return generate(dm, prompt, knobs, **options)

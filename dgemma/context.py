@@ -32,12 +32,6 @@ def geometry(model) -> dict:
     return {**{k: tc.get(k) for k in GEOMETRY_KEYS}, "canvas_length": model.config.canvas_length}
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    digest = hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode("utf-8", "surrogatepass"))
-    return f"{len(vocab)}:{digest.hexdigest()[:16]}"
-
-
 @dataclass(frozen=True, eq=False)
 class KVCache:
     """An encoded token sequence. Never mutated: runs read it through `fork_for`."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .caption import trace_captions
 from .fonts import BLANK, SUBSTITUTE, GlyphAtlas, default_atlas
 from .states import CONSTRAINED, NEW, NOISE, PALETTE, PINNED, SETTLED
 
@@ -324,21 +325,9 @@ def renderer(canvas_length: int) -> FrameRenderer:
     return got
 
 
-def caption(block: int, n_blocks: int, step: int, n_steps: int, temperature: float,
-            committed: float) -> list[tuple[str, int]]:
-    """Caption of one frame; block and step are 0-based, n_steps is that block's own step count."""
-    return [(f"block {block + 1}/{n_blocks}  step {step + 1}/{n_steps}  T {temperature:.3f}  "
-             f"committed {100 * committed:.1f}%", CAPTION)]
-
-
 def captions(trace) -> list[list[tuple[str, int]]]:
-    """Per frame of a CanvasTrace, block-local steps counted against that block's executed steps."""
-    if not len(trace):
-        return []
-    per_block = np.bincount(trace.blocks.astype(np.int64))
-    committed = trace.accepted.mean(axis=1)
-    return [caption(int(b), trace.num_blocks, int(s), int(per_block[b]), trace.t_and_temperature(i)[1],
-                    float(c)) for i, (b, s, c) in enumerate(zip(trace.blocks, trace.steps, committed))]
+    """Per frame of a CanvasTrace, its caption (dgemma/caption.py) as painted text."""
+    return [[(c.text(), CAPTION)] for c in trace_captions(trace)]
 
 
 def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtype=np.uint8) -> np.ndarray:

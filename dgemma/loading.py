@@ -10,12 +10,11 @@ from pathlib import Path
 import torch
 
 from . import deviceplan, patches, preflight
-from .context import tokenizer_fingerprint
 from .identity import checkpoint_identity
 from .payloads import DGemmaModel
 from .preflight import short
 from .quant import after_load, check_packed, check_quant, model_class, shared_copy_bytes
-from .tokens import check_template
+from .tokens import check_template, tokenizer_fingerprint
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")

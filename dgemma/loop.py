@@ -1,9 +1,9 @@
 """The block-diffusion loop: the one path every run takes (plain, thinking, KV context, multi-block).
 
 Per block: a uniform random canvas at the next global positions, decoder forwards with
-self-conditioning, a diffusers scheduler step (EntropyBoundScheduler unless a `Plan` picks another),
+self-conditioning, a diffusers scheduler step (EntropyBoundScheduler unless a `LoopPlan` picks another),
 pins put back, the adaptive stop of diffusers 0.42 / transformers generate, then the committed
-canvas is encoded into the cache for the next block. A `Plan` may also start the first block
+canvas is encoded into the cache for the next block. A `LoopPlan` may also start the first block
 later in its schedule, pause at a step (leaving what resuming needs in `plan.paused`) and resume.
 """
 
@@ -20,7 +20,7 @@ from .cache import encode_ids, input_device
 from .guide import UNCONSTRAINED
 from .knobs import Knobs
 from .pins import Pins
-from .schedulers import Scheduling, Stepper
+from .schedulers import Scheduling
 from .threads import with_compute_threads
 from .trace import Frame, Recorder
 from .versions import cache_kw
@@ -72,20 +72,38 @@ class AdaptiveStop:
         return new
 
 
+@dataclass(frozen=True, eq=False)
+class Pause:
+    """Where a run stopped inside a block: everything the loop needs to continue it exactly."""
+
+    block: int
+    step: int
+    canvas: torch.Tensor
+    self_cond: torch.Tensor | None
+    stop: AdaptiveStop
+    scheduler_state: object
+    done: tuple  # the finished blocks' ids
+
+    @property
+    def nbytes(self) -> int:
+        held = (self.canvas, self.self_cond, self.scheduler_state)
+        return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+
+
 @dataclass
-class Plan:
+class LoopPlan:
     """How an advanced run walks the schedule: scheduler, window [start, end) and pins.
 
-    `resume` is the `paused` dict of an earlier run to continue; the loop fills `paused` when it
-    stops at `end` with a block unfinished.
+    `resume` is the `Pause` of an earlier run to continue; the loop sets `paused` when it stops at
+    `end` with a block unfinished.
     """
 
     scheduling: Scheduling = field(default_factory=Scheduling)
     start: int = 0
     end: int | None = None
     pins: Pins | None = None
-    resume: dict | None = None
-    paused: dict | None = None
+    resume: Pause | None = None
+    paused: Pause | None = None
 
 
 def step_entropy(logits, scheduler_entropy, confidence: float):
@@ -138,17 +156,17 @@ class BlockDecoder:
                           **{self.model_kw: self.cache}).logits
 
 
-def _open_block(blocks, plan, block, first, done, knobs, stepper, generator):
+def _open_block(decoder, plan, block, first, done, knobs, stepper, generator):
     """(canvas, self_cond, stop, first step) of `block`: resumed where the plan paused, else fresh."""
     at = plan.resume
-    if at is not None and block == at["block"]:
-        blocks.enter_block()
-        stepper.restore(at["scheduler_state"])
-        return at["canvas"], at["self_cond"], at["stop"].copy(knobs.confidence), at["step"]
+    if at is not None and block == at.block:
+        decoder.enter_block()
+        stepper.restore(at.scheduler_state)
+        return at.canvas, at.self_cond, at.stop.copy(knobs.confidence), at.step
     if done:
-        encode_ids(blocks.model, blocks.cache, done[-1])
-    canvas = blocks.start_block(generator)
-    return canvas, None, AdaptiveStop(knobs.confidence, canvas, blocks.device), plan.start if block == first else 0
+        encode_ids(decoder.model, decoder.cache, done[-1])
+    canvas = decoder.start_block(generator)
+    return canvas, None, AdaptiveStop(knobs.confidence, canvas, decoder.device), plan.start if block == first else 0
 
 
 @with_compute_threads
@@ -156,39 +174,40 @@ def _open_block(blocks, plan, block, first, done, knobs, stepper, generator):
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],
                    recorder: Recorder, on_frame: Callable[[Frame], None] | None = None,
                    should_cancel: Callable[[], bool] | None = None, encode_last: bool = False,
-                   plan: Plan | None = None, guide=None) -> torch.Tensor:
+                   plan: LoopPlan | None = None, scheduler=None, guide=None) -> torch.Tensor:
     """Generate blocks onto `cache` (which grows); returns the ids so far, shape (B, blocks*L).
 
-    A paused run returns its finished blocks and the unfinished canvas, and fills `plan.paused`.
-    A `guide` (dgemma/guide.py) makes each step's canvas satisfy a constraint.
+    `scheduler` is the plan's scheduler adapter, built when not given. A paused run returns its
+    finished blocks and the unfinished canvas, and sets `plan.paused`. A `guide`
+    (dgemma/guide.py) makes each step's canvas satisfy a constraint.
     """
-    plan = plan if plan is not None else Plan()
+    plan = plan if plan is not None else LoopPlan()
     guide = guide if guide is not None else UNCONSTRAINED
-    blocks = BlockDecoder(model, cache)
-    stepper = recorder.clock = Stepper(plan.scheduling, knobs, blocks.L, blocks.device)
-    eos = torch.tensor(eos_ids, device=blocks.device)
-    done: list[torch.Tensor] = list(plan.resume["done"]) if plan.resume else []
-    first = plan.resume["block"] if plan.resume else 0
-    for block in range(first, num_blocks(knobs.gen_length, blocks.L)):
-        pins = plan.pins.for_block(block, blocks.L, blocks.device) if plan.pins is not None else None
-        canvas, self_cond, stop, step0 = _open_block(blocks, plan, block, first, done, knobs, stepper, generator)
+    decoder = BlockDecoder(model, cache)
+    stepper = scheduler if scheduler is not None else plan.scheduling.build(knobs, decoder.L, decoder.device)
+    eos = torch.tensor(eos_ids, device=decoder.device)
+    done: list[torch.Tensor] = list(plan.resume.done) if plan.resume else []
+    first = plan.resume.block if plan.resume else 0
+    for block in range(first, num_blocks(knobs.gen_length, decoder.L)):
+        pins = plan.pins.for_block(block, decoder.L, decoder.device) if plan.pins is not None else None
+        canvas, self_cond, stop, step0 = _open_block(decoder, plan, block, first, done, knobs, stepper, generator)
         canvas, stopped = _pin(canvas, pins), False
         for step in range(step0, stepper.steps):
             if plan.end is not None and step >= plan.end:
-                plan.paused = {"block": block, "step": step, "canvas": canvas, "self_cond": self_cond, "stop": stop,
-                               "scheduler_state": stepper.state(), "done": tuple(done)}
+                plan.paused = Pause(block, step, canvas, self_cond, stop, stepper.state(), tuple(done))
                 return torch.cat([*done, canvas], dim=-1)
             if should_cancel is not None and should_cancel():
                 raise Cancelled(len(recorder))
-            canvas, accepted, self_cond, entropy = stepper.step(blocks.logits(canvas, self_cond).to(blocks.device),
-                                                                step, canvas, generator, blocks.logits)
-            entropy = step_entropy(self_cond, entropy, stop.confidence)
-            canvas, committed, stopped = stop.apply(canvas, self_cond, entropy)
+            out = stepper.step(decoder.logits(canvas, self_cond).to(decoder.device), step, canvas, generator,
+                               decoder.logits)
+            self_cond = out.pred_logits
+            entropy = step_entropy(self_cond, out.entropy, stop.confidence)
+            canvas, by_stop, stopped = stop.apply(out.canvas, self_cond, entropy)
             canvas = _pin(canvas, pins)
-            canvas, constrained = guide.apply(block, done, canvas, accepted | committed, self_cond,
-                                              None if pins is None else pins[0], stopped or step == stepper.steps - 1)
-            frame = recorder.add(block, step, canvas, accepted, committed, entropy,
-                                 None if pins is None else pins[0], constrained)
+            pinned = None if pins is None else pins[0]
+            canvas, constrained = guide.apply(block, done, canvas, out.committed | by_stop, self_cond, pinned,
+                                              stopped or step == stepper.steps - 1)
+            frame = recorder.add(block, step, canvas, out.committed, by_stop, entropy, pinned, constrained)
             if on_frame is not None:
                 on_frame(frame)
             if stopped:

@@ -9,23 +9,27 @@ writes it. At the real vocabulary the self-conditioning logits alone are canvas 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from .errors import InputError
 from .knobs import Knobs, KnobSpec, check_knob
-from .loop import Plan, num_blocks
+from .loop import LoopPlan, Pause, num_blocks
 from .pins import Pins
 from .pins import parse as parse_pins
-from .schedulers import USES, Scheduling, budget
+from .schedulers import Scheduling
+from .trace import Recorded
 from .vision import image_record
+
+AUTO = -1  # start_step: where the wired canvas_state paused, else 0
 
 WINDOW_KNOBS: dict[str, KnobSpec] = {
     "start_step": KnobSpec(
-        int, 0, 0, 1024, 1,
-        "Step (0-based) at which this node enters the schedule of its first block; later blocks start at 0. A "
-        "fresh canvas starts from noise there; with canvas_state it must be the step where that run paused."),
+        int, AUTO, AUTO, 1024, 1,
+        "Step (0-based) at which this node enters the schedule of its first block; later blocks start at 0. "
+        "-1 (auto): where the wired canvas_state paused, else 0. A fresh canvas starts from noise there; with "
+        "canvas_state it must be the step where that run paused."),
     "end_step": KnobSpec(
         int, 1024, 1, 1024, 1,
         "Step (exclusive) at which the node pauses, in whichever block reaches it first, and hands on a resumable "
@@ -43,9 +47,9 @@ class Resume:
     context: object
     knobs: Knobs
     scheduler: str
-    recorded: tuple                  # Recorder.snapshot(): the steps so far
+    recorded: Recorded               # the steps so far
     ids: torch.Tensor                # (1, n) the blocks so far, the unfinished canvas last
-    paused: dict | None = None       # the loop's pause point; None when the run finished
+    paused: Pause | None = None      # the loop's pause point; None when the run finished
     cache: object = None
     generator_state: torch.Tensor | None = None
     image: dict | None = None        # the turn's image record (count, sizes, content hash); None: no image
@@ -57,9 +61,8 @@ class Resume:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensors held for exact continuation (the cache not counted)."""
-        p = self.paused or {}
-        held = [self.ids, self.generator_state, p.get("canvas"), p.get("self_cond"), p.get("scheduler_state")]
-        return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+        held = [t for t in (self.ids, self.generator_state) if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in held) + (self.paused.nbytes if self.paused else 0)
 
     def generator(self, device) -> torch.Generator:
         g = torch.Generator(device=device)
@@ -67,31 +70,42 @@ class Resume:
         return g
 
 
+def resolve_start(start_step, resume) -> int:
+    """start_step with auto resolved: where the resumed run paused, else 0."""
+    if start_step != AUTO:
+        return start_step
+    at = resume.paused if isinstance(resume, Resume) else None
+    return at.step if at is not None else 0
+
+
 def check_window(start_step, end_step) -> None:
     """The window's own checks, which need no model: each step in range, start below end."""
     for name, value in (("start_step", start_step), ("end_step", end_step)):
         check_knob(name, value, WINDOW_KNOBS)
+    check_window_order(start_step, end_step)
+
+
+def check_window_order(start_step: int, end_step: int) -> None:
     if start_step >= end_step:
         raise InputError("start_step", f"start_step {start_step} must be below end_step {end_step}; the window "
                                        "[start_step, end_step) would run no step")
 
 
 def window_plan(dm, knobs: Knobs, scheduling, start_step: int, end_step: int, pins: Pins | None,
-                resume: Resume | None) -> Plan:
+                resume: Resume | None) -> LoopPlan:
     """Check the window against the scheduler's steps (and a resumed run's pause) and build the plan."""
     if not isinstance(scheduling, Scheduling):
         raise InputError("scheduler", f"scheduler must be a Scheduling, got {type(scheduling).__name__}")
     check_window(start_step, end_step)
-    steps = budget(knobs.num_inference_steps, scheduling.corrector_steps)[0] \
-        if scheduling.name == "discrete_ddim" else knobs.num_inference_steps
+    steps = scheduling.steps(knobs)
     if start_step >= steps:
         raise InputError("start_step", f"start_step {start_step} is past the last step of the schedule "
                                        f"({steps} steps per block); set it below {steps}")
-    if resume is not None and not resume.finished and start_step != resume.paused["step"]:
-        raise InputError("start_step", f"canvas_state paused at step {resume.paused['step']} of block "
-                                       f"{resume.paused['block'] + 1}, but start_step is {start_step}; set "
-                                       f"start_step to {resume.paused['step']} to continue it")
-    return Plan(scheduling=scheduling, start=start_step, end=end_step if end_step < steps else None, pins=pins,
+    at = None if resume is None else resume.paused
+    if at is not None and start_step != at.step:
+        raise InputError("start_step", f"canvas_state paused at step {at.step} of block {at.block + 1}, but "
+                                       f"start_step is {start_step}; set start_step to {at.step} to continue it")
+    return LoopPlan(scheduling=scheduling, start=start_step, end=end_step if end_step < steps else None, pins=pins,
                 resume=None if resume is None else resume.paused)
 
 
@@ -144,38 +158,38 @@ class Advanced:
     """What an advanced run asks for beyond the knobs: scheduler, window, pins, and a run to resume."""
 
     scheduling: Scheduling = Scheduling()
-    start_step: int = 0
+    start_step: int = AUTO
     end_step: int = WINDOW_KNOBS["end_step"].default
     pins: str = ""
     resume: Resume | None = None
 
-    def plan(self, dm, knobs: Knobs) -> Plan:
+    def plan(self, dm, knobs: Knobs) -> LoopPlan:
         """The loop's plan; refuses a bad window or bad pins (no model work is done here)."""
         pins = parse_pins(dm, self.pins, num_blocks(knobs.gen_length, dm.canvas_length) * dm.canvas_length)
-        return window_plan(dm, knobs, self.scheduling, self.start_step, self.end_step, pins, self.resume)
+        return window_plan(dm, knobs, self.scheduling, self.start, self.end_step, pins, self.resume)
+
+    @property
+    def start(self) -> int:
+        return resolve_start(self.start_step, self.resume)
 
     def knob_set(self, knobs: Knobs) -> dict:
         """The knobs in force in this window, the scheduler's own included."""
         s = self.scheduling
-        return {**knobs.asdict(), "scheduler": s.name, **{k: getattr(s, k) for k in USES[s.name] if hasattr(s, k)},
-                "start_step": self.start_step, "end_step": self.end_step, "pins": self.pins}
-
-    def scheduler(self, knobs: Knobs) -> tuple[str, dict]:
-        return self.scheduling.diffusers_name, self.scheduling.config(knobs)
+        return {**knobs.asdict(), "scheduler": s.name, **dict(s.settings),
+                "start_step": self.start, "end_step": self.end_step, "pins": self.pins}
 
     def record(self) -> dict:
         """What a run config keeps to repeat this: scheduler and its knobs, window, pins, the run resumed."""
-        r = self.resume
-        origin = None if r is None else {"block": r.paused["block"] if r.paused else None,
-                                         "step": r.paused["step"] if r.paused else None}
-        return {**asdict(self.scheduling), "scheduler": self.scheduling.name, "start_step": self.start_step,
+        at = None if self.resume is None else self.resume.paused
+        origin = None if self.resume is None else {"block": at and at.block, "step": at and at.step}
+        return {**dict(self.scheduling.settings), "scheduler": self.scheduling.name, "start_step": self.start,
                 "end_step": self.end_step, "pins": self.pins, "resumed_from": origin}
 
 
-def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced, image=None) -> None:
-    """Every check of an advanced run that needs no model work (after `run.check_inputs`)."""
+def check_advanced(dm, prompt: str, knobs: Knobs, context, advanced, image=None) -> LoopPlan:
+    """Every check of an advanced run that needs no model work (after `run.check_inputs`); its plan."""
     if not isinstance(advanced, Advanced):
         raise InputError("advanced", f"advanced must be an Advanced, got {type(advanced).__name__}")
     if advanced.resume is not None:
         check_resume(advanced.resume, dm, prompt, knobs, context, advanced.scheduling, image)
-    advanced.plan(dm, knobs)
+    return advanced.plan(dm, knobs)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
@@ -15,10 +16,10 @@ from .errors import InputError
 from .excision import excise, thought_text
 from .guide import guide_for
 from .knobs import Knobs
-from .loop import denoise_blocks, num_blocks
+from .loop import LoopPlan, denoise_blocks, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .pins import report as pin_report
-from .resume import Advanced, Resume, check_resume
+from .resume import Advanced, Resume, check_advanced
 from .seeding import make_generator
 from .tokens import check_text, prompt_ids
 from .trace import CanvasTrace, Frame, Recorder
@@ -39,7 +40,7 @@ class RunResult:
 
 
 def check_inputs(dm, prompt, knobs, context, image=None) -> None:
-    """Every check that needs no model work: types, emptiness, the cache's fit, the image's shape."""
+    """Every check that needs no model work: types, emptiness, the cache's fit (the image: by `prepare`)."""
     check_model(dm)
     check_text("prompt", prompt)
     if not isinstance(knobs, Knobs):
@@ -47,9 +48,6 @@ def check_inputs(dm, prompt, knobs, context, image=None) -> None:
     if context is not None and not isinstance(context, KVCache):
         raise InputError("context", f"the KV context must be an encoded context, got {type(context).__name__}; "
                                     "encode one with encode_context")
-    if image is not None:
-        check_image_tensor("image", image)
-        check_vision("image", dm)
     if context is None and image is None and not prompt.strip():
         raise InputError("prompt", "prompt is empty; type a prompt, or give an encoded KV context for a "
                                    "pure-injection run")
@@ -74,11 +72,64 @@ def turn_ids(dm, prompt: str, knobs: Knobs, context, images=None) -> list[int]:
     return turn
 
 
+@dataclass(frozen=True, eq=False)
+class Request:
+    """A run checked once by `prepare`: its inputs, the turn's ids and images, and the loop's plan.
+
+    A plain run is a default Advanced run that records its knobs alone and keeps no resume data.
+    """
+
+    dm: DGemmaModel
+    prompt: str
+    knobs: Knobs
+    context: KVCache | None
+    advanced: Advanced
+    plain: bool
+    plan: LoopPlan
+    turn: tuple[int, ...] = ()
+    images: object = None  # vision.ImageInput of a fresh run's image
+    advance_context: bool = False
+    constraint: object = None  # the Constraint asked for, and its compiled guide (None: unconstrained)
+    guide: object = None
+
+    @property
+    def resume(self) -> Resume | None:
+        return self.advanced.resume
+
+    @property
+    def blocks(self) -> int:
+        return num_blocks(self.knobs.gen_length, self.dm.canvas_length)
+
+    @property
+    def steps(self) -> int:
+        """Predictor steps per block, as the chosen scheduler counts them."""
+        return self.plan.scheduling.steps(self.knobs)
+
+
+def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
+            advance_context: bool = False, advanced: Advanced | None = None, constraint=None) -> Request:
+    """Check every input once (model, text, image, context, knobs, window, pins, resume, constraint)
+    before any model work."""
+    check_inputs(dm, prompt, knobs, context, image)
+    plain = advanced is None
+    advanced = Advanced() if plain else advanced
+    resume = advanced.resume
+    if image is not None and resume is not None:
+        check_image_tensor("image", image)
+        check_vision("image", dm)
+    plan = check_advanced(dm, prompt, knobs, context, advanced, image)
+    guide = guide_for(dm, constraint, knobs.gen_length)
+    images = prepare_images(dm, image) if image is not None and resume is None else None
+    turn = tuple(turn_ids(dm, prompt, knobs, context, images)) if resume is None else ()
+    return Request(dm, prompt, knobs, context, advanced, plain, plan, turn, images, advance_context,
+                   constraint, guide)
+
+
 def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
              on_frame: Callable[[Frame], None] | None = None,
              should_cancel: Callable[[], bool] | None = None, advance_context: bool = False,
              advanced: Advanced | None = None, constraint=None) -> RunResult:
-    """Generate an answer to `prompt` (the turn), optionally on top of a KV `context`.
+    """Generate an answer to `prompt` (the turn), optionally on top of a KV `context`: `prepare`, then `run`.
 
     `image` (a ComfyUI IMAGE batch, [B, H, W, C] in 0..1) joins the turn as B images before the
     text; the encoder reads them, the canvas never holds them. The context is never modified: the
@@ -87,58 +138,82 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     an earlier advanced run; its state is resumable. `constraint` (a `Constraint`) makes the answer
     satisfy a JSON Schema, regex or choice; `state.constraint` says whether it did.
     """
-    check_inputs(dm, prompt, knobs, context, image)
-    guide = guide_for(dm, constraint, knobs.gen_length)
-    resume = advanced.resume if advanced is not None else None
-    if resume is not None:
-        check_resume(resume, dm, prompt, knobs, context, advanced.scheduling, image)
-    images = prepare_images(dm, image) if image is not None and resume is None else None
-    turn = turn_ids(dm, prompt, knobs, context, images) if resume is None else []
-    plan = advanced.plan(dm, knobs) if advanced is not None else None
-    model = dm.model
-    recorder = Recorder(knobs, dm.canvas_length, dm.token_strings,
-                        resumed=resume.recorded if resume is not None else None)
-    if resume is not None:
-        recorder.use_knobs(advanced.knob_set(knobs))
-    elif advanced is not None:
-        recorder.knob_sets = [advanced.knob_set(knobs)]
-    if resume is not None and resume.finished:
-        sequence, cache, generator = resume.ids, None, None
+    request = prepare(dm, prompt, knobs, context=context, image=image, advance_context=advance_context,
+                      advanced=advanced, constraint=constraint)
+    return run(request, on_frame=on_frame, should_cancel=should_cancel)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where the block loop starts: the cache and generator, or nothing left to run."""
+
+    cache: object
+    generator: torch.Generator | None
+
+
+def fresh_start(req: Request) -> Start:
+    """The context's fork (or a new cache) prefilled with the turn, and a generator from the seed."""
+    cache = req.context.fork_for(req.dm) if req.context is not None else new_cache(req.dm.model)
+    if req.turn:
+        encode_ids(req.dm.model, cache, list(req.turn), req.images)
+    return Start(cache, make_generator(req.knobs.seed, input_device(req.dm.model)))
+
+
+def resumed_start(req: Request) -> Start:
+    """The resumed run's cache (a fork) and generator; nothing to run when it had finished."""
+    resume = req.resume
+    if resume.finished:
+        return Start(None, None)
+    return Start(fork_cache(resume.cache), resume.generator(input_device(req.dm.model)))
+
+
+def run(req: Request, *, on_frame: Callable[[Frame], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None) -> RunResult:
+    """Run a prepared request to its end or its window's end."""
+    dm, knobs, resume = req.dm, req.knobs, req.resume
+    plan = dataclasses.replace(req.plan)  # the loop notes its pause on the plan
+    scheduler = plan.scheduling.build(knobs, dm.canvas_length, input_device(dm.model))
+    recorder = Recorder(knobs, dm.canvas_length, dm.token_strings, resumed=resume.recorded if resume else None,
+                        clock=scheduler, knob_set=None if req.plain else req.advanced.knob_set(knobs))
+    start = resumed_start(req) if resume is not None else fresh_start(req)
+    if start.cache is None:
+        sequence = resume.ids
     else:
-        cache, generator = _start(dm, turn, images, context, knobs, resume)
-        sequence = denoise_blocks(model, cache, knobs, generator, dm.eos_ids, recorder, on_frame=on_frame,
-                                  should_cancel=should_cancel, encode_last=advance_context, plan=plan, guide=guide)
-    summary = context.summary() if context is not None else None
+        sequence = denoise_blocks(dm.model, start.cache, knobs, start.generator, dm.eos_ids, recorder,
+                                  on_frame=on_frame, should_cancel=should_cancel,
+                                  encode_last=req.advance_context, plan=plan, scheduler=scheduler, guide=req.guide)
+    summary = req.context.summary() if req.context is not None else None
     run_id = uuid.uuid4().hex
-    trace = recorder.finish(context=summary, run_id=run_id, scheduler=advanced.scheduler(knobs) if advanced else ())
-    state = read_state(dm, sequence[0].tolist(), trace, plan.pins if plan is not None else None)
-    image_record = images.record if images is not None else resume.image if resume is not None else None
-    if advanced is not None:
-        paused = plan.paused if plan is not None and cache is not None else None
-        keep = Resume(model, prompt, context, knobs, advanced.scheduling.name, recorder.snapshot(), sequence,
-                      paused, cache if paused else None,
-                      generator.get_state() if paused else None, image=image_record)
+    named = () if req.plain else (scheduler.diffusers_name, scheduler.config())
+    trace = recorder.finish(context=summary, run_id=run_id, scheduler=named)
+    image_record = req.images.record if req.images is not None else resume.image if resume is not None else None
+    state = _read_result(req, sequence, trace, plan, start, recorder.snapshot(), image_record)
+    config = RunConfig(prompt=req.prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
+                       advanced=None if req.plain else req.advanced.record(),
+                       constraint=req.constraint.summary() if req.guide is not None else None, **dm.describe())
+    return RunResult(state.text, state, trace, config, _advanced_context(req, start.cache, state, image_record))
+
+
+def _read_result(req: Request, sequence, trace, plan: LoopPlan, start: Start, recorded, image_record) -> CanvasState:
+    """The readout, with what a later window needs to resume it and the constraint's verdict."""
+    state = read_state(req.dm, sequence[0].tolist(), trace, plan.pins)
+    if not req.plain:
+        paused = plan.paused if start.cache is not None else None
+        keep = Resume(req.dm.model, req.prompt, req.context, req.knobs, plan.scheduling.name, recorded,
+                      sequence, paused, start.cache if paused else None,
+                      start.generator.get_state() if paused else None, image=image_record)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
-    if guide is not None:
-        state = dataclasses.replace(state, constraint=guide.verdict(state.raw_ids, state.paused))
-    config = RunConfig(prompt=prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
-                       advanced=advanced.record() if advanced is not None else None,
-                       constraint=constraint.summary() if guide is not None else None, **dm.describe())
-    new_context = None
-    if advance_context and not state.paused and resume is None:
-        held, seen = turn + list(state.raw_ids), (image_record,) if image_record else ()
-        new_context = context.advanced(cache, held, seen) if context is not None else mint(dm, cache, held, seen)
-    return RunResult(state.text, state, trace, config, new_context)
+    if req.guide is not None:
+        state = dataclasses.replace(state, constraint=req.guide.verdict(state.raw_ids, state.paused))
+    return state
 
 
-def _start(dm, turn, images, context, knobs, resume):
-    """The cache and generator a run starts from: fresh (prefilled with the turn) or the resumed run's."""
-    if resume is not None:
-        return fork_cache(resume.cache), resume.generator(input_device(dm.model))
-    cache = context.fork_for(dm) if context is not None else new_cache(dm.model)
-    if turn:
-        encode_ids(dm.model, cache, turn, images)
-    return cache, make_generator(knobs.seed, input_device(dm.model))
+def _advanced_context(req: Request, cache, state: CanvasState, image_record):
+    """The context grown by this run's turn and blocks, when asked for (never for a paused or resumed run)."""
+    if not req.advance_context or state.paused or req.resume is not None:
+        return None
+    held, seen = list(req.turn) + list(state.raw_ids), (image_record,) if image_record else ()
+    return req.context.advanced(cache, held, seen) if req.context is not None else mint(req.dm, cache, held, seen)
 
 
 def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace, pins=None) -> CanvasState:
@@ -148,13 +223,13 @@ def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace, pins=Non
     # The thought channel's delimiters are the model's writing; padding and end tokens are not.
     pinned = pin_report(pins, raw_ids, end, set(dm.tokenizer.all_special_ids) - set(dm.channel_ids or ()))
     text = dm.tokenizer.decode(list(cut.answer), skip_special_tokens=True).strip()
-    accepted = trace.accepted
+    committed = trace.committed
     last_of_block = np.flatnonzero(np.diff(np.append(trace.blocks, -1)) != 0)
-    converged = all(stopped or bool(accepted[i].all())
+    converged = all(stopped or bool(committed[i].all())
                     for stopped, i in zip(trace.block_stopped_early, last_of_block))
     return CanvasState(
         text=text, raw_ids=tuple(raw_ids), answer_ids=cut.answer, thought=thought_text(dm.tokenizer, cut.thoughts),
         turn_closed=cut.turn_closed, answer_tokens=len(cut.answer), stray_thought_delimiter=cut.stray_delimiter,
-        converged=converged, committed_fraction=float(accepted[-1].mean()) if len(trace) else 0.0,
+        converged=converged, committed_fraction=float(committed[-1].mean()) if len(trace) else 0.0,
         steps_used=len(trace), blocks=trace.num_blocks, run_id=trace.run_id, pins_applied=pinned.applied,
         pins_skipped=pinned.skipped, blanks_unfilled=pinned.blanks_unfilled)

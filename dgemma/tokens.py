@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import weakref
@@ -161,3 +162,10 @@ def _expand(dm, images, before: list[int], after: list[int]) -> tuple[list[int],
 def context_ids(dm, text: str) -> list[int]:
     """Raw context with no chat framing; it opens the sequence, so it carries the only BOS."""
     return [dm.tokenizer.bos_token_id] + literal_ids(dm.tokenizer, text)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """The vocabulary's size and digest: a KV context encoded by another tokenizer is refused by it."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode("utf-8", "surrogatepass"))
+    return f"{len(vocab)}:{digest.hexdigest()[:16]}"

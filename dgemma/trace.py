@@ -1,8 +1,8 @@
 """Per-step capture: one compact frame per executed step, kept on the CPU.
 
 A step keeps its canvas ids (int32), what is committed after it (packed bits: the scheduler's
-accepted mask, plus the positions the adaptive stop committed, also kept apart) and the entropy
-of the distribution the scheduler accepted from (float16): about 7 bytes per canvas position,
+committed mask, plus the positions the adaptive stop committed, also kept apart) and the entropy
+of the distribution the scheduler committed from (float16): about 7 bytes per canvas position,
 nothing that scales with the vocabulary.
 """
 
@@ -25,15 +25,15 @@ class Frame:
     t: float
     temperature: float
     ids: np.ndarray
-    accepted: np.ndarray    # committed after this step
+    committed: np.ndarray   # committed after this step (the scheduler's, the stop's and the pins')
     entropy: np.ndarray
     stop: np.ndarray        # committed by the adaptive stop, not by the scheduler
-    pinned: np.ndarray | None = None  # held by a pin (also counted in `accepted`)
+    pinned: np.ndarray | None = None  # held by a pin (also counted in `committed`)
     constrained: np.ndarray | None = None  # changed by the constraint from the step's own token
 
     @property
     def committed_fraction(self) -> float:
-        return float(self.accepted.mean())
+        return float(self.committed.mean())
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ class CanvasTrace:
     blocks: np.ndarray       # (S,) int16 block index per step
     steps: np.ndarray        # (S,) int16 step index within the block
     ids: np.ndarray          # (S, L) int32 canvas after the step
-    accepted_bits: np.ndarray  # (S, ceil(L/8)) uint8, np.packbits of the committed mask
+    committed_bits: np.ndarray  # (S, ceil(L/8)) uint8, np.packbits of the committed mask
     entropy: np.ndarray      # (S, L) float16, nats, of logits / T
     scheduler_name: str = "EntropyBoundScheduler"
     context: dict | None = None  # provenance summary of an injected KV cache
@@ -72,12 +72,27 @@ class CanvasTrace:
         """What a text preview shows: the size of the record and how the last step ended."""
         if not len(self):
             return "canvas trace: no steps"
-        per_block = np.bincount(self.blocks.astype(np.int64)).tolist()
+        per_block = self.steps_per_block
         entropy = float(self.entropy[-1].astype(np.float32).mean())
         return (f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
                 f"{self.canvas_length} positions · {self.scheduler_name}\n"
-                f"last step: {float(self.accepted[-1].mean()):.0%} committed, mean entropy {entropy:.3f} nats\n"
+                f"last step: {float(self.committed[-1].mean()):.0%} committed, mean entropy {entropy:.3f} nats\n"
+                f"{self.stop_readout()}\n"
                 "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer")
+
+    def stop_readout(self) -> str:
+        """How many blocks the adaptive stop ended, and, when none, the scheduler's own word on why."""
+        from .schedulers import REGISTRY
+
+        stopped = sum(self.block_stopped_early)
+        line = f"adaptive stop: {stopped} of {len(self.block_stopped_early)} block(s) ended early"
+        rule = next((c.stop_rule for c in REGISTRY.values() if c.diffusers_name == self.scheduler_name), "")
+        return f"{line} ({rule})" if not stopped and rule else line
+
+    @property
+    def steps_per_block(self) -> list[int]:
+        """Steps each block ran (a block may stop early or end the run)."""
+        return np.bincount(self.blocks.astype(np.int64), minlength=self.num_blocks).tolist()
 
     @property
     def num_blocks(self) -> int:
@@ -97,19 +112,19 @@ class CanvasTrace:
         return np.unpackbits(bits if row is None else bits[row], axis=-1, count=self.canvas_length).astype(bool)
 
     @property
-    def accepted(self) -> np.ndarray:
+    def committed(self) -> np.ndarray:
         """(S, L) bool: committed after each step (the scheduler's mask or the adaptive stop)."""
-        return self._unpack(self.accepted_bits)
+        return self._unpack(self.committed_bits)
 
     @property
     def stop(self) -> np.ndarray:
-        """(S, L) bool: positions the adaptive stop committed that the scheduler had not accepted."""
+        """(S, L) bool: positions the adaptive stop committed that the scheduler had not."""
         return self._unpack(self.stop_bits)
 
     @property
-    def scheduler_accepted(self) -> np.ndarray:
-        """(S, L) bool: the scheduler's own accepted mask."""
-        return self.accepted & ~self.stop
+    def scheduler_committed(self) -> np.ndarray:
+        """(S, L) bool: the scheduler's own committed mask."""
+        return self.committed & ~self.stop
 
     @property
     def pinned(self) -> np.ndarray | None:
@@ -123,7 +138,7 @@ class CanvasTrace:
 
     def states(self) -> np.ndarray:
         """(S, L) position states by the one rule of `states.position_states`."""
-        return position_states(self.ids, self.accepted, self.blocks, self.pinned, self.constrained)
+        return position_states(self.ids, self.committed, self.blocks, self.pinned, self.constrained)
 
     def t_and_temperature(self, i: int) -> tuple[float, float]:
         if self.times is not None:
@@ -135,7 +150,7 @@ class CanvasTrace:
         pinned = None if self.pinned_bits is None else self._unpack(self.pinned_bits, i)
         constrained = None if self.constrained_bits is None else self._unpack(self.constrained_bits, i)
         return Frame(int(self.blocks[i]), int(self.steps[i]), *self.t_and_temperature(i),
-                     self.ids[i], self._unpack(self.accepted_bits, i), self.entropy[i],
+                     self.ids[i], self._unpack(self.committed_bits, i), self.entropy[i],
                      self._unpack(self.stop_bits, i), pinned, constrained)
 
     def frames(self):
@@ -143,93 +158,138 @@ class CanvasTrace:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.blocks, self.steps, self.ids, self.accepted_bits, self.entropy, self.stop_bits,
+        arrays = (self.blocks, self.steps, self.ids, self.committed_bits, self.entropy, self.stop_bits,
                   self.pinned_bits, self.times, self.knob_index, self.constrained_bits)
         return sum(a.nbytes for a in arrays if a is not None)
 
 
-def frame_from_row(row: tuple, canvas_length: int) -> Frame:
-    """The Frame of one recorded row (see `Recorder.add`), e.g. the last step of a resumed run."""
-    unpack = lambda bits: np.unpackbits(bits, count=canvas_length).astype(bool)
-    return Frame(row[0], row[1], row[7], row[8], row[2], unpack(row[3]), row[4], unpack(row[5]),
-                 None if row[6] is None else unpack(row[6]), None if row[10] is None else unpack(row[10]))
+def _unpack_row(bits, canvas_length: int) -> np.ndarray:
+    return np.unpackbits(bits, count=canvas_length).astype(bool)
+
+
+@dataclass(frozen=True, eq=False)
+class Row:
+    """One recorded step, compact: what `CanvasTrace` stacks into its arrays."""
+
+    block: int
+    step: int
+    ids: np.ndarray             # (L,) int32
+    committed_bits: np.ndarray  # packed: committed after the step
+    entropy: np.ndarray         # (L,) float16
+    stop_bits: np.ndarray       # packed: committed by the adaptive stop alone
+    pinned_bits: np.ndarray | None
+    t: float
+    temperature: float
+    knob_set: int               # index into the run's knob sets
+    constrained_bits: np.ndarray | None = None  # packed: changed by the constraint
+
+    def frame(self, canvas_length: int) -> Frame:
+        unpack = lambda bits: None if bits is None else _unpack_row(bits, canvas_length)
+        return Frame(self.block, self.step, self.t, self.temperature, self.ids,
+                     unpack(self.committed_bits), self.entropy, unpack(self.stop_bits),
+                     unpack(self.pinned_bits), unpack(self.constrained_bits))
+
+
+@dataclass(frozen=True, eq=False)
+class Recorded:
+    """The steps of a run so far, as a resumed run starts from them."""
+
+    rows: tuple[Row, ...] = ()
+    stopped_early: tuple[bool, ...] = ()
+    knob_sets: tuple[dict, ...] = ()
+
+    def last_frames(self, canvas_length: int, n: int = 2) -> list[Frame]:
+        return [r.frame(canvas_length) for r in self.rows[-n:]]
+
+    def finished_blocks(self) -> list[np.ndarray]:
+        """The final canvas ids of every block before the one the run stopped in."""
+        rows = self.rows
+        return [r.ids for r, nxt in zip(rows, rows[1:]) if nxt.block != r.block and r.block < rows[-1].block]
 
 
 class Recorder:
     """Collects frames during a run and freezes them into a CanvasTrace.
 
-    `clock` gives each step's t and T (the knobs, or the scheduler of an advanced run); a resumed
-    run starts from the rows of the run it continues.
+    `clock` gives each step's t and T (the run's scheduler adapter, or the knobs); a resumed run
+    starts from the rows of the run it continues; `knob_set` is what is in force from now on (the
+    knobs alone unless given).
     """
 
-    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=(), resumed=None):
+    def __init__(self, knobs: Knobs, canvas_length: int, token_strings=(), resumed=None, clock=None,
+                 knob_set: dict | None = None):
         self.knobs = knobs
         self.canvas_length = canvas_length
         self.token_strings = token_strings
-        self.clock = knobs
-        rows, stopped, sets = resumed if resumed is not None else ((), (), ())
-        self._rows: list[tuple] = list(rows)
-        self.stopped_early: list[bool] = list(stopped)
-        self.knob_sets: list[dict] = list(sets) or [knobs.asdict()]
+        self.clock = knobs if clock is None else clock
+        resumed = resumed if resumed is not None else Recorded()
+        self._rows: list[Row] = list(resumed.rows)
+        self.stopped_early: list[bool] = list(resumed.stopped_early)
+        self.knob_sets: list[dict] = list(resumed.knob_sets)
+        if knob_set is not None:
+            self.use_knobs(knob_set)
+        elif not self.knob_sets:
+            self.knob_sets.append(knobs.asdict())
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> Recorded:
         """What a resumed run starts from: the rows so far (immutable), block stops, knob sets."""
-        return tuple(self._rows), tuple(self.stopped_early), tuple(self.knob_sets)
+        return Recorded(tuple(self._rows), tuple(self.stopped_early), tuple(self.knob_sets))
 
     def use_knobs(self, values: dict) -> None:
         """The knobs in force from the next step on (a new window may change them)."""
-        if values != self.knob_sets[-1]:
+        if not self.knob_sets or values != self.knob_sets[-1]:
             self.knob_sets.append(values)
 
-    def add(self, block: int, step: int, canvas, accepted, stop, entropy, pinned=None, constrained=None) -> Frame:
+    def add(self, block: int, step: int, canvas, committed, stop, entropy, pinned=None, constrained=None) -> Frame:
         """Capture batch row 0 of one step's tensors; returns the frame for live consumers.
 
-        `accepted` is the scheduler's mask, `stop` what the adaptive stop committed on top of it,
+        `committed` is the scheduler's mask, `stop` what the adaptive stop committed on top of it,
         `pinned` what a pin holds (counted as committed), `constrained` what a constraint changed.
         """
         ids = canvas[0].to("cpu", copy=True).numpy().astype(np.int32)
         by_stop = stop[0].to("cpu").numpy().astype(bool)
-        scheduler = accepted[0].to("cpu").numpy().astype(bool)
-        acc, by_stop = scheduler | by_stop, by_stop & ~scheduler
+        scheduler = committed[0].to("cpu").numpy().astype(bool)
+        done, by_stop = scheduler | by_stop, by_stop & ~scheduler
         pin = None
         if pinned is not None:
             pin = pinned[0].to("cpu").numpy().astype(bool)
-            acc, by_stop = acc | pin, by_stop & ~pin
+            done, by_stop = done | pin, by_stop & ~pin
         ent = entropy[0].to("cpu").numpy().astype(np.float16)
         t, temperature = self.clock.position(step), self.clock.temperature(step)
         changed = None if constrained is None else constrained[0].to("cpu").numpy().astype(bool)
-        self._rows.append((block, step, ids, np.packbits(acc), ent, np.packbits(by_stop),
-                           None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1,
-                           None if changed is None else np.packbits(changed)))
-        return Frame(block, step, t, temperature, _frozen(ids), _frozen(acc), _frozen(ent), _frozen(by_stop),
+        self._rows.append(Row(block, step, ids, np.packbits(done), ent, np.packbits(by_stop),
+                              None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1,
+                              None if changed is None else np.packbits(changed)))
+        return Frame(block, step, t, temperature, _frozen(ids), _frozen(done), _frozen(ent), _frozen(by_stop),
                      None if pin is None else _frozen(pin), None if changed is None else _frozen(changed))
 
     def end_block(self, stopped_early: bool) -> None:
         self.stopped_early.append(stopped_early)
 
-    def _bits(self, k: int) -> np.ndarray | None:
-        """Column `k` of packed masks (pins, constraint), or None when no step has one."""
-        if all(r[k] is None for r in self._rows):
+    def _bits(self, field: str) -> np.ndarray | None:
+        """One column of packed masks (pins, constraint), or None when no step has one."""
+        if all(getattr(r, field) is None for r in self._rows):
             return None
         blank = np.zeros((self.canvas_length + 7) // 8, np.uint8)
-        return _frozen(np.array([blank if r[k] is None else r[k] for r in self._rows], np.uint8))
+        return _frozen(np.array([blank if getattr(r, field) is None else getattr(r, field) for r in self._rows],
+                                np.uint8))
 
     def finish(self, context: dict | None = None, run_id: str = "", scheduler: tuple = ()) -> CanvasTrace:
         """The frozen trace; `scheduler` is (diffusers name, its config) when not the plain EntropyBound."""
         L = self.canvas_length
         rows, packed = self._rows, (0, (L + 7) // 8)
-        col = lambda k, dt, shape: (np.array([r[k] for r in rows], dtype=dt) if rows else np.zeros(shape, dt))
-        times = np.array([(r[7], r[8]) for r in rows], np.float32).reshape(-1, 2)
+        col = lambda k, dt, shape: (np.array([getattr(r, k) for r in rows], dtype=dt) if rows else np.zeros(shape, dt))
+        times = np.array([(r.t, r.temperature) for r in rows], np.float32).reshape(-1, 2)
         name, settings = scheduler or ("EntropyBoundScheduler", None)
         return CanvasTrace(
             knobs=self.knobs, canvas_length=L,
-            blocks=_frozen(col(0, np.int16, (0,))), steps=_frozen(col(1, np.int16, (0,))),
-            ids=_frozen(col(2, np.int32, (0, L))), accepted_bits=_frozen(col(3, np.uint8, packed)),
-            entropy=_frozen(col(4, np.float16, (0, L))), scheduler_name=name, context=context,
-            block_stopped_early=tuple(self.stopped_early), stop_bits=_frozen(col(5, np.uint8, packed)),
-            run_id=run_id, token_strings=self.token_strings, pinned_bits=self._bits(6), times=_frozen(times),
-            knob_sets=tuple(self.knob_sets), knob_index=_frozen(col(9, np.uint8, (0,))),
-            scheduler_settings=settings, constrained_bits=self._bits(10))
+            blocks=_frozen(col("block", np.int16, (0,))), steps=_frozen(col("step", np.int16, (0,))),
+            ids=_frozen(col("ids", np.int32, (0, L))), committed_bits=_frozen(col("committed_bits", np.uint8, packed)),
+            entropy=_frozen(col("entropy", np.float16, (0, L))), scheduler_name=name, context=context,
+            block_stopped_early=tuple(self.stopped_early), stop_bits=_frozen(col("stop_bits", np.uint8, packed)),
+            run_id=run_id, token_strings=self.token_strings, times=_frozen(times),
+            knob_sets=tuple(self.knob_sets), knob_index=_frozen(col("knob_set", np.uint8, (0,))),
+            scheduler_settings=settings, pinned_bits=self._bits("pinned_bits"),
+            constrained_bits=self._bits("constrained_bits"))

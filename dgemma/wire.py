@@ -8,13 +8,14 @@ base64 of their stored bytes (packed bits, float16 entropy) so nothing is rounde
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import fields
 
 import numpy as np
 
 from .knobs import Knobs
 from .payloads import CanvasState, RunConfig
-from .trace import Frame, Recorder
+from .trace import Frame, Recorded, Recorder, Row
 
 STATE_FIELDS = tuple(f.name for f in fields(CanvasState) if f.name != "resume")
 
@@ -34,23 +35,22 @@ def _bits(mask) -> str | None:
 def step_json(frame: Frame) -> dict:
     """One step: what the trace stores of it (ids, committed/stop/pinned masks, entropy, t, T)."""
     return {"block": frame.block, "step": frame.step, "t": frame.t, "T": frame.temperature,
-            "ids": frame.ids.tolist(), "accepted": _bits(frame.accepted), "stop": _bits(frame.stop),
+            "ids": frame.ids.tolist(), "committed": _bits(frame.committed), "stop": _bits(frame.stop),
             "pinned": _bits(frame.pinned), "entropy": _b64(frame.entropy.astype("<f2"))}
 
 
-def step_row(data: dict, canvas_length: int) -> tuple:
-    """The recorder row of a streamed step (knob index filled in by `result_from`)."""
+def step_row(data: dict, canvas_length: int) -> Row:
+    """The recorder row of a streamed step (knob index filled in by `result_parts`)."""
     packed = lambda key: None if data.get(key) is None else _array(data[key], np.uint8)
-    return (int(data["block"]), int(data["step"]), np.array(data["ids"], np.int32), packed("accepted"),
-            _array(data["entropy"], "<f2").astype(np.float16), packed("stop"), packed("pinned"),
-            float(data["t"]), float(data["T"]), 0)
+    return Row(int(data["block"]), int(data["step"]), np.array(data["ids"], np.int32), packed("committed"),
+               _array(data["entropy"], "<f2").astype(np.float16), packed("stop"), packed("pinned"),
+               float(data["t"]), float(data["T"]), 0)
 
 
-def row_frame(row: tuple, canvas_length: int) -> Frame:
+def row_frame(row: Row, canvas_length: int) -> Frame:
     """The Frame a local run hands its on_frame for this row."""
-    unpack = lambda bits: None if bits is None else np.unpackbits(bits, count=canvas_length).astype(bool)
-    frame = Frame(row[0], row[1], row[7], row[8], row[2], unpack(row[3]), row[4], unpack(row[5]), unpack(row[6]))
-    for a in (frame.ids, frame.accepted, frame.entropy, frame.stop, frame.pinned):
+    frame = row.frame(canvas_length)
+    for a in (frame.ids, frame.committed, frame.entropy, frame.stop, frame.pinned):
         if a is not None:
             a.setflags(write=False)
     return frame
@@ -76,9 +76,9 @@ def result_parts(data: dict, rows: list, canvas_length: int, token_strings):
     order; `recorded` is what resuming the run starts from, as `Recorder.snapshot()` gives it."""
     meta, cfg = data["trace"], data["config"]
     knobs = knobs_of(cfg)
-    rows = [r[:9] + (int(k), None) for r, k in zip(rows, meta["knob_index"])]  # remote runs take no constraint
+    rows = tuple(dataclasses.replace(r, knob_set=int(k)) for r, k in zip(rows, meta["knob_index"]))
     recorder = Recorder(knobs, canvas_length, token_strings,
-                        resumed=(rows, tuple(meta["block_stopped_early"]), tuple(meta["knob_sets"])))
+                        resumed=Recorded(rows, tuple(meta["block_stopped_early"]), tuple(meta["knob_sets"])))
     trace = recorder.finish(context=meta["context"], run_id=cfg["run_id"],
                             scheduler=(meta["scheduler_name"], meta["scheduler_settings"]))
     values = dict(data["state"])

@@ -5,8 +5,7 @@ from __future__ import annotations
 from ..dgemma.constraint import KINDS
 from ..dgemma.demo import DEMO_NAME
 from ..dgemma.knobs import KNOBS, SEED_MAX
-from ..dgemma.loading import DEVICES, DTYPES
-from ..dgemma.quant import QUANTS
+from ..dgemma.load_options import LOAD_OPTIONS
 from ..dgemma.resume import WINDOW_KNOBS
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS
 from .schemas import JSON_INT_MAX, Arg, choice_arg, flag_arg, knob_arg, text_arg
@@ -47,7 +46,7 @@ def generate_args() -> list[Arg]:
         text_arg("context_handle", "Optional handle from the encode tool; the encoded context is never modified."),
         Arg("image", {"type": "string", "description": IMAGE_HELP}),
         *knobs,
-        choice_arg("scheduler", SCHEDULERS, SCHEDULERS[0], SCHEDULER_HELP),
+        choice_arg("scheduler", list(SCHEDULERS), next(iter(SCHEDULERS)), SCHEDULER_HELP),
         *[knob_arg(n, s) for n, s in SCHEDULER_KNOBS.items()],
         *window_args(),
         text_arg("pins", PINS_HELP),
@@ -68,16 +67,11 @@ def generate_args() -> list[Arg]:
 
 
 def loader_args() -> list[Arg]:
-    return [
-        text_arg("model", f"'{DEMO_NAME}' (the tiny model shipped with the pack), a checkpoint folder holding "
-                          "config.json, or a hub id such as 'google/diffusiongemma-26B-A4B-it'.", DEMO_NAME),
-        choice_arg("quant", QUANTS, "none", "none: the checkpoint's own dtype; autoround: a pre-quantized "
-                                            "AutoRound INT4 checkpoint (needs auto-round)."),
-        choice_arg("device", DEVICES, "auto", "auto: the GPU when there is one, offloading to CPU RAM when VRAM "
-                                              "is short; cuda: all on the GPU; cpu: all on the CPU."),
-        choice_arg("dtype", DTYPES, "auto", "Weight dtype; auto keeps the checkpoint's own."),
-        flag_arg("local_files_only", "Never contact the hub: load a hub id only from the local HF cache."),
-    ]
+    options = [flag_arg(name, o.tooltip) if o.choices is None else choice_arg(name, o.choices, o.default, o.tooltip)
+               for name, o in LOAD_OPTIONS.items()]
+    return [text_arg("model", f"'{DEMO_NAME}' (the tiny model shipped with the pack), a checkpoint folder holding "
+                              "config.json, or a hub id such as 'google/diffusiongemma-26B-A4B-it'.", DEMO_NAME),
+            *options]
 
 
 def encode_args() -> list[Arg]:

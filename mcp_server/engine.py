@@ -198,7 +198,7 @@ class Engine:
 
     def status(self) -> dict:
         dm = self.dm
-        paused = {h: {"prompt": r.prompt, "block": r.paused["block"], "step": r.paused["step"],
+        paused = {h: {"prompt": r.prompt, "block": r.paused.block, "step": r.paused.step,
                       "scheduler": r.scheduler, "bytes": r.nbytes} for h, r in list(self.paused.items())}
         out = {"loaded": dm is not None, "model": self.choice, "default_model": self.default_model,
                "busy": self.run.tool if self.run is not None else None,

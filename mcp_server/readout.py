@@ -12,7 +12,7 @@ from mcp_types import ImageContent, ResourceLink, TextContent
 from ..dgemma.constraint import Constraint
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import KNOBS, Knobs
-from ..dgemma.schedulers import SCHEDULER_KNOBS, budget
+from ..dgemma.schedulers import SCHEDULER_KNOBS, Scheduling
 from . import inputs
 from .engine import Request
 from .progress import StepMessages
@@ -35,7 +35,7 @@ def refusals():
 def request(engine, v: dict, raw: dict, picture) -> Request:
     """The engine request; on resume, what is not given defaults to the paused run's settings."""
     resume = engine.resumed(v["resume"]) if v["resume"] else None
-    base = resume.recorded[2][-1] if resume is not None else {}
+    base = resume.recorded.knob_sets[-1] if resume is not None else {}
     if resume is not None:
         check_with_resume(resume, raw)
 
@@ -63,20 +63,18 @@ def check_with_resume(resume, raw: dict) -> None:
                                    f"({resume.prompt[:60]!r}); a resumed run continues its own prompt: leave prompt "
                                    "out, or give the same")
     step = raw.get("start_step")
-    if resume.paused and isinstance(step, int) and step != resume.paused["step"]:
-        raise InputError("start_step", f"the paused run stopped at step {resume.paused['step']} of block "
-                                       f"{resume.paused['block'] + 1}, but start_step is {step}; leave start_step "
-                                       f"out (auto) or set it to {resume.paused['step']}")
+    if resume.paused and isinstance(step, int) and step != resume.paused.step:
+        raise InputError("start_step", f"the paused run stopped at step {resume.paused.step} of block "
+                                       f"{resume.paused.block + 1}, but start_step is {step}; leave start_step "
+                                       f"out (auto) or set it to {resume.paused.step}")
 
 
 def progress_of(engine, req: Request) -> StepMessages:
     """The progress reporter for this request (made once the inputs are valid and frames arrive)."""
     knobs = Knobs(**req.knobs)
-    s = req.scheduling
-    steps = budget(knobs.num_inference_steps, s["corrector_steps"])[0] if s["name"] == "discrete_ddim" \
-        else knobs.num_inference_steps
+    steps = Scheduling(**req.scheduling).steps(knobs)
     resume = engine.paused.get(req.resume) if req.resume else None
-    first = resume.paused["block"] if resume is not None and resume.paused else 0
+    first = resume.paused.block if resume is not None and resume.paused else 0
     return StepMessages(engine.dm, knobs, steps, req.start_step, req.end_step, first)
 
 

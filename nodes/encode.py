@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..dgemma.backend import backend_of
-from . import host
+from . import host, memory
 from .schema import CATEGORY, KV_CACHE, comfy_hints, model_input
 
 
@@ -35,13 +35,7 @@ class DGemmaEncode:
         }
 
     def encode(self, model, text, kv_cache=None, image=None, unique_id=None):
-        host.model_ready(model)
-        try:
-            with comfy_hints():
-                cache = backend_of(model).encode(model, text, onto=kv_cache, should_cancel=host.check_interrupt,
-                                                 image=image)
-        except BaseException:
-            host.run_finished(model, unique_id, failed=True)
-            raise
-        host.run_finished(model, unique_id)
+        with memory.running(model, unique_id), comfy_hints():
+            cache = backend_of(model).encode(model, text, onto=kv_cache, should_cancel=host.check_interrupt,
+                                             image=image)
         return (cache,)

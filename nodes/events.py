@@ -3,15 +3,16 @@
 One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per step, one
 `dgemma.done` at the end with status "done", "error" or "interrupted". A step carries the canvas
 as short per-position strings plus one state digit per position by the engine's one rule
-(dgemma/states.py): "0" noise, "1" new, "2" settled, "3" pinned; the start event carries the palette.
+(dgemma/states.py): "0" noise, "1" new, "2" settled, "3" pinned, "4" constrained; the start event
+carries the palette and the states' names.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..dgemma.caption import Caption
 from ..dgemma.states import NAMES, hex_palette, position_states
-from ..dgemma.trace import frame_from_row
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
@@ -29,10 +30,10 @@ def step_states(frame, previous) -> str:
     def masks(name):
         if getattr(frame, name) is None:
             return None
-        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.accepted)
+        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.committed)
                          for f in rows])
 
-    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.accepted for f in rows]),
+    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.committed for f in rows]),
                              np.array([f.block for f in rows]), masks("pinned"), masks("constrained"))[-1]
     return "".join(map(str, states.tolist()))
 
@@ -46,16 +47,15 @@ class StepStream:
         self.previous = None
         self.count = 0  # steps sent, all blocks together
 
-    def start(self, resumed_rows=()) -> dict:
-        """The run's start; a resumed run also carries where it resumes, so the view continues from it."""
+    def start(self, resumed=None) -> dict:
+        """The run's start; a resumed run (its `Recorded` steps) also carries where it resumes, so the
+        view continues from it."""
         event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
-                 "canvas_length": self.canvas_length, "palette": hex_palette(),
-                 "states": list(NAMES)}
-        if resumed_rows:
-            frames = [frame_from_row(r, self.canvas_length) for r in resumed_rows[-2:]]
+                 "canvas_length": self.canvas_length, "palette": hex_palette(), "states": list(NAMES)}
+        if resumed is not None and resumed.rows:
+            frames = resumed.last_frames(self.canvas_length)
             self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None
-            ends = [r for r, nxt in zip(resumed_rows, resumed_rows[1:]) if nxt[0] != r[0]]
-            event["resumed"] = {"finished": [self._pieces(r[2]) for r in ends if r[0] < resumed_rows[-1][0]],
+            event["resumed"] = {"finished": [self._pieces(ids) for ids in resumed.finished_blocks()],
                                 "step": self.step(frames[-1])}
             self.count = 0
         return event
@@ -68,6 +68,7 @@ class StepStream:
             "node": self.node, "block": frame.block, "step": frame.step, "blocks": self.blocks,
             "steps": self.steps, "t": round(frame.t, 6), "T": round(frame.temperature, 6),
             "committed": round(frame.committed_fraction, 6),
+            "caption": Caption.live(frame, self.blocks, self.steps).text(),
             "tokens": [_piece(self.token_strings[i]) for i in frame.ids.tolist()],
             "state": step_states(frame, self.previous),
         }
@@ -76,14 +77,13 @@ class StepStream:
         return event
 
     def progress_text(self, frame) -> str:
-        """One step as the short text under the node: where the run is, and the accepted text so far
-        (a position still noise is a dot). Totals are upper bounds: a block may stop early."""
-        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.accepted.tolist())]
+        """One step as the short text under the node: its caption, and the committed text so far (a
+        position still noise is a dot)."""
+        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.committed.tolist())]
         text = "".join(pieces).replace("\n", " ")
         if len(text) > MAX_PROGRESS_TEXT:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return (f"block {frame.block + 1} (of ≤{self.blocks}) · step {frame.step + 1} (of ≤{self.steps}) · "
-                f"T {frame.temperature:.3f} · {frame.committed_fraction:.0%} committed\n{text}")
+        return f"{Caption.live(frame, self.blocks, self.steps).text()}\n{text}"
 
     def done_text(self, steps_used: int, text: str, paused: bool = False) -> str:
         if paused:  # the canvas is unfinished: its text is still mostly noise

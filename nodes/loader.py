@@ -6,10 +6,11 @@ import logging
 from contextlib import contextmanager
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
+from ..dgemma.load_options import LOAD_OPTIONS
 from ..dgemma.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
 from ..dgemma.preflight import short
 from ..dgemma.quant import QUANTS
-from . import host
+from . import host, memory
 from .schema import CATEGORY, MODEL
 
 HUB_IDS = (DEFAULT_HUB_ID, "Intel/diffusiongemma-26B-A4B-it-int4-AutoRound")
@@ -40,18 +41,25 @@ def resolve_choice(choice: str) -> str:
 def check_inputs(quant, model, device, dtype, local_files_only, after_run="keep") -> None:
     """ComfyUI's UI sends list values, but API prompts and scripts can send anything: refuse wrong types."""
     for name, value, choices in (("quant", quant, QUANTS), ("device", device, DEVICES), ("dtype", dtype, DTYPES),
-                                 ("after_run", after_run, host.AFTER_RUN)):
+                                 ("after_run", after_run, memory.AFTER_RUN)):
         if not isinstance(value, str):
             raise ValueError(f"Loader input {name} must be text, got {short(value)} ({type(value).__name__}); "
                              f"pick one of {choices}")
-    if after_run not in host.AFTER_RUN:
-        raise ValueError(f"Loader input after_run is {short(after_run)}; pick one of {host.AFTER_RUN}")
+    if after_run not in memory.AFTER_RUN:
+        raise ValueError(f"Loader input after_run is {short(after_run)}; pick one of {memory.AFTER_RUN}")
     if model is not None and not isinstance(model, str):
         raise ValueError(f"Loader input model must be text, got {short(model)} ({type(model).__name__}); pick a "
                          f"folder under models/{host.MODEL_FOLDER} or a hub id such as {DEFAULT_HUB_ID!r}")
     if not isinstance(local_files_only, bool):
         raise ValueError(f"Loader input local_files_only must be true or false, got {short(local_files_only)} "
                          f"({type(local_files_only).__name__}); set it to true or false")
+
+
+def option_input(name: str) -> tuple:
+    """A widget from the loader's one table of options (dgemma/load_options.py)."""
+    option = LOAD_OPTIONS[name]
+    kind = "BOOLEAN" if option.choices is None else list(option.choices)
+    return (kind, {"default": option.default, "tooltip": option.tooltip})
 
 
 class DGemmaLoader:
@@ -69,22 +77,14 @@ class DGemmaLoader:
         choices = model_choices()
         return {
             "required": {
-                "quant": (list(QUANTS), {"default": "none", "tooltip":
-                          "none: the checkpoint's own dtype (bf16, about 54 GB for the real model); "
-                          "autoround: a pre-quantized AutoRound INT4 checkpoint (about 30 GB, needs auto-round)."}),
+                "quant": option_input("quant"),
             },
             "optional": {
                 "model": (choices, {"default": choices[0], "tooltip":
                           "Checkpoint: a folder under models/diffusiongemma, the shipped demo model, or a hub id "
                           "(downloaded on first use)."}),
-                "device": (list(DEVICES), {"default": "auto", "tooltip":
-                           "auto: the GPU when there is one, offloading to CPU RAM when VRAM is short; "
-                           "cuda: all on the GPU; cpu: all on the CPU."}),
-                "dtype": (list(DTYPES), {"default": "auto", "tooltip":
-                          "Weight dtype; auto keeps the checkpoint's own (bfloat16 for the real model)."}),
-                "local_files_only": ("BOOLEAN", {"default": False, "tooltip":
-                                     "Never contact the hub: load a hub id only from the local HF cache."}),
-                "after_run": (list(host.AFTER_RUN), {"default": "keep", "tooltip": host.AFTER_RUN_TOOLTIP}),
+                **{name: option_input(name) for name in ("device", "dtype", "local_files_only")},
+                "after_run": (list(memory.AFTER_RUN), {"default": "keep", "tooltip": memory.AFTER_RUN_TOOLTIP}),
             },
         }
 
@@ -101,7 +101,7 @@ class DGemmaLoader:
         loaded = load(host.check_interrupt)
         if loaded.placement_note:  # a split pays PCIe traffic every step: say so where the user looks
             log.warning("DiffusionGemma %s", loaded.placement_note)
-        host.manage(loaded, after_run, reload=load)
+        memory.manage(loaded, after_run, reload=load)
         return (loaded,)
 
 

@@ -6,8 +6,9 @@ from ..dgemma.backend import backend_of, constraint_options
 from ..dgemma.images import render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
+from ..dgemma.schedulers import Scheduling
 from ..dgemma.tokens import frame_texts
-from . import host
+from . import host, memory
 from .events import DONE, START, STEP, StepStream
 from .schema import (
     CATEGORY,
@@ -29,6 +30,44 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
                 "a kv_cache wired for pure injection (the cache alone conditions the canvas).")
 
 
+class LiveRun:
+    """What one node's run shows in ComfyUI: the live view's events, the progress bar and text."""
+
+    def __init__(self, node_id, model, knobs, advanced):
+        self.model, self.resume = model, advanced.resume if advanced is not None else None
+        blocks = num_blocks(knobs.gen_length, model.canvas_length)
+        self.steps = (advanced.scheduling if advanced is not None else Scheduling()).steps(knobs)
+        self.total = blocks * self.steps
+        self.stream = StepStream(str(node_id) if node_id is not None else "", blocks, self.steps,
+                                 model.canvas_length, model.token_strings)
+        self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
+        self.live = host.live()
+
+    def start(self) -> None:
+        if self.live:
+            host.send(START, self.stream.start(self.resume.recorded if self.resume is not None else None))
+
+    def frame(self, frame) -> None:
+        if self.live:
+            split = getattr(self.model, "placement_note", "")  # a remote model has no local placement
+            self.note.show(self.stream.progress_text(frame) + (f"\n{split}" if split else ""))
+            host.send(STEP, self.stream.step(frame))
+        self.bar.to(frame.block * self.steps + frame.step + 1)
+
+    def failed(self, err: BaseException) -> None:
+        if self.live:
+            ended = self.stream.failed(err)
+            self.note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
+            host.send(DONE, ended)
+
+    def done(self, result) -> None:
+        self.bar.to(self.total)
+        if self.live:
+            state = result.state
+            self.note.show(self.stream.done_text(state.steps_used, result.text, state.paused), force=True)
+            host.send(DONE, self.stream.done(state.steps_used, result.text, state.paused))
+
+
 def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, constraint=None,
              **knobs):
     """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
@@ -38,43 +77,20 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
         options = constraint_options(model, constraint, knobs.gen_length)
-    blocks, steps = num_blocks(knobs.gen_length, model.canvas_length), knobs.num_inference_steps
-    stream = StepStream(str(node_id) if node_id is not None else "", blocks, steps, model.canvas_length,
-                        model.token_strings)
-    bar = host.Progress(blocks * steps, node_id)
-    note = host.ProgressText(node_id)
-    host.model_ready(model)
-    live = host.live()
-    if live:
-        resumed = advanced.resume if advanced is not None else None
-        host.send(START, stream.start(resumed.recorded[0] if resumed is not None else ()))
-
-    def on_frame(frame):
-        if live:
-            split = getattr(model, "placement_note", "")  # a remote model has no local placement
-            note.show(stream.progress_text(frame) + (f"\n{split}" if split else ""))
-            host.send(STEP, stream.step(frame))
-        bar.to(frame.block * steps + frame.step + 1)
-
-    try:
-        with comfy_hints():
-            result = engine.run(model, prompt, knobs, context=kv_cache, image=image, on_frame=on_frame,
-                                should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced,
-                                **options)
-    except BaseException as err:
-        if live:
-            ended = stream.failed(err)
-            note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
-            host.send(DONE, ended)
-        host.run_finished(model, node_id, failed=True)
-        raise
-    if not result.state.paused:  # a paused canvas keeps the model where it is for the node that resumes it
-        host.run_finished(model, node_id)
-    bar.to(blocks * steps)
-    if live:
-        state = result.state
-        note.show(stream.done_text(state.steps_used, result.text, state.paused), force=True)
-        host.send(DONE, stream.done(state.steps_used, result.text, state.paused))
+    view = LiveRun(node_id, model, knobs, advanced)
+    with memory.running(model, node_id) as lease:
+        view.start()
+        try:
+            with comfy_hints():
+                result = engine.run(model, prompt, knobs, context=kv_cache, image=image, on_frame=view.frame,
+                                    should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced,
+                                    **options)
+        except BaseException as err:
+            view.failed(err)
+            raise
+        if result.state.paused:
+            lease.keep()  # a paused canvas keeps the model where it is for the node that resumes it
+    view.done(result)
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
                render_images(result.trace, model.token_strings), result.config)
     return outputs + ((result.context,) if advance else ())
@@ -85,7 +101,7 @@ class DGemmaSampler:
     FUNCTION = "sample"
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
-                   "noise and the lowest-entropy positions are accepted step by step. The node paints the canvas "
+                   "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
                    "An optional image is read by the encoder with the turn. For context from a KV cache use "
                    "DGemmaDenoise.")

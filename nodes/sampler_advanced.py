@@ -6,7 +6,7 @@ from ..dgemma.errors import InputError
 from ..dgemma.payloads import CanvasState
 from ..dgemma.pins import check_shape
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
-from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling
+from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
 from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
 from .schema import (
     CANVAS_STATE,
@@ -24,10 +24,6 @@ from .schema import (
 PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
                 "answer, each blank (___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; "
                 "a line '12: text' pins text from answer position 12. \\n is a newline. Empty: no pins.")
-SCHEDULER_TOOLTIP = ("Which diffusers scheduler runs the steps: entropy_bound (the released default: accepts the "
-                     "lowest-entropy positions within entropy_bound nats), block_refinement (commits the most "
-                     "confident share of the canvas each step, plus any above threshold), discrete_ddim (ancestral "
-                     "sampling of the uniform posterior, optional corrector sweeps).")
 STATE_IN_TOOLTIP = ("Resume exactly where an earlier DGemmaSamplerAdvanced stopped (its end_step): same model, "
                     "prompt, kv_cache, gen_length, num_inference_steps, thinking and scheduler; the other knobs may "
                     "change. seed is not used: the resumed run's generator continues.")
@@ -63,7 +59,8 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
         spec["required"].update({
-            "scheduler": (list(SCHEDULERS), {"default": SCHEDULERS[0], "tooltip": SCHEDULER_TOOLTIP}),
+            "scheduler": (list(SCHEDULERS), {"default": next(iter(SCHEDULERS)), "tooltip": scheduler_tooltip(),
+                                             "dgemma_applies": applies()}),
             **knob_inputs(WINDOW_KNOBS),
             "pins": ("STRING", {"multiline": True, "default": "", "tooltip": PINS_TOOLTIP}),
         })

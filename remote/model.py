@@ -55,4 +55,4 @@ class RemoteResume:
     handle: str
     prompt: str
     context: object
-    recorded: tuple  # (rows, block stops, knob sets), as Recorder.snapshot()
+    recorded: object  # trace.Recorded: the steps so far, as Recorder.snapshot()

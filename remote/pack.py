@@ -79,8 +79,9 @@ class PackBackend:
         if image is not None:
             ext["image"] = image_json(image)
         if advanced is not None:
-            ext["advanced"] = {"scheduler": dataclasses.asdict(advanced.scheduling), "start_step": advanced.start_step,
-                               "end_step": advanced.end_step, "pins": advanced.pins,
+            sched = advanced.scheduling
+            ext["advanced"] = {"scheduler": {"name": sched.name, **dict(sched.settings)},
+                               "start_step": advanced.start, "end_step": advanced.end_step, "pins": advanced.pins,
                                "resume": advanced.resume.handle if advanced.resume is not None else None}
         return {"model": model.model_id, "stream": True, "messages": [{"role": "user", "content": prompt}],
                 "dgemma": ext}
@@ -89,7 +90,7 @@ class PackBackend:
             advance_context=False, advanced=None) -> RunResult:
         """One run on the server; each streamed step reaches `on_frame` as the Frame a local run gives."""
         resume = advanced.resume if advanced is not None else None
-        rows, final, L = list(resume.recorded[0]) if resume is not None else [], None, model.canvas_length
+        rows, final, L = list(resume.recorded.rows) if resume is not None else [], None, model.canvas_length
         body = self.body(model, prompt, knobs, context, image, advance_context, advanced)
         new = 0
         try:

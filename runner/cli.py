@@ -17,15 +17,14 @@ DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "example_workflows" / "api
 
 
 def _print_step(event: str, data: dict) -> None:
-    """Blocks and steps are counted as the frames' captions count them; the plan's totals are only
-    upper bounds (a block stops early once it settles), so they are said once, at the start."""
+    """Each step by its caption (dgemma/caption.py), the one text every surface shows."""
     if event == events.START:
         print(f"  [{data['node']}] up to {data['blocks']} block(s) of up to {data['steps']} steps",
               file=sys.stderr, flush=True)
     elif event == events.STEP:
         text = "".join(data["tokens"]).replace("\n", "⏎")
-        print(f"  [{data['node']}] block {data['block'] + 1} step {data['step'] + 1} T={data['T']:.3f} "
-              f"committed {data['committed']:.0%} | {text[:60]}", file=sys.stderr, flush=True)
+        caption = data.get("caption") or f"block {data['block'] + 1} step {data['step'] + 1}"  # an older pack's server
+        print(f"  [{data['node']}] {caption} | {text[:60]}", file=sys.stderr, flush=True)
     elif event == events.DONE:
         print(f"  [{data['node']}] {data['status']} after {data['steps_used']} steps", file=sys.stderr, flush=True)
 

@@ -93,6 +93,23 @@ def check_server_url(server) -> str:
     return server.rstrip("/")
 
 
+def _follow(ws, prompt_id: str, on_event) -> int:
+    """Pass the prompt's events on until it finishes; its exit code (0 done, 1 failed, 6 interrupted)."""
+    code = 0
+    for message in ws.messages():
+        kind, data = message.get("type"), message.get("data", {})
+        if data.get("prompt_id", prompt_id) != prompt_id:
+            continue
+        on_event(kind, data)
+        if kind == "execution_error":
+            code = 1
+        elif kind == "execution_interrupted":
+            code = 6
+        elif kind == "executing" and data.get("node") is None and "prompt_id" in data:
+            return code
+    raise ConnectionError("the server closed the websocket")
+
+
 def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dict]:
     """Queue `graph`, pass every event of it to `on_event`, return (exit code, history outputs).
 
@@ -118,21 +135,8 @@ def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dic
         if reply.get("node_errors"):
             print(json.dumps(reply["node_errors"], indent=2), file=sys.stderr)
             return 2, {}
-        prompt_id, code, finished = reply["prompt_id"], 0, False
-        for message in ws.messages():
-            kind, data = message.get("type"), message.get("data", {})
-            if data.get("prompt_id", prompt_id) != prompt_id:
-                continue
-            on_event(kind, data)
-            if kind == "execution_error":
-                code = 1
-            elif kind == "execution_interrupted":
-                code = 6
-            elif kind == "executing" and data.get("node") is None and "prompt_id" in data:
-                finished = True
-                break
-        if not finished:
-            raise ConnectionError("the server closed the websocket")
+        prompt_id = reply["prompt_id"]
+        code = _follow(ws, prompt_id, on_event)
     except TimeoutError:
         print(f"no event for {timeout} s; giving up on the prompt", file=sys.stderr)
         return 3, {}

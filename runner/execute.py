@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..nodes import NODE_CLASS_MAPPINGS, host
+from ..nodes import NODE_CLASS_MAPPINGS, memory
 from .core_nodes import CORE_NODES
 from .graph import check_graph, execution_order, input_specs, is_link
 
@@ -37,7 +37,7 @@ def _calls(cls, kwargs: dict, listed: dict) -> list[dict]:
 def run_graph(graph: dict) -> dict:
     """Execute the output nodes of `graph` and their ancestors; returns {node id: ui dict}."""
     check_graph(graph, CLASSES)
-    with host.reporting_node_ends():
+    with memory.reporting_node_ends():
         return _run(graph)
 
 
@@ -58,7 +58,7 @@ def _run(graph: dict) -> dict:
                 kwargs[name], listed[name] = value, False
         hidden = hidden_values(cls, node_id, graph)
         outs = [call_node(cls, c, hidden) for c in _calls(cls, kwargs, listed)]
-        host.node_finished(node_id)  # after every list item, as ComfyUI's progress registry tells it
+        memory.node_finished(node_id)  # after every list item, as ComfyUI's progress registry tells it
         out_list = getattr(cls, "OUTPUT_IS_LIST", (False,) * len(cls.RETURN_TYPES))
         results[node_id] = outs[0][0] if len(outs) == 1 else tuple(zip(*(o[0] for o in outs)))
         is_list[node_id] = out_list if len(outs) == 1 else (True,) * len(cls.RETURN_TYPES)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import inspect
 import math
 
+from ..dgemma.errors import InputError
+from ..dgemma.resume import check_window_order
+
 ANY = "*"
 
 
@@ -56,32 +59,34 @@ def validate(graph, classes: dict) -> list[str]:
         return ["this is a UI-format workflow; export it with Workflow > Export (API) and run that file"]
     errors = []
     for node_id, node in graph.items():
-        if not isinstance(node, dict) or not isinstance(node.get("class_type"), str) or \
-                not isinstance(node.get("inputs", {}), dict):
-            errors.append(f"node {node_id}: needs a class_type (text) and inputs (an object of input names), "
-                          f"got {str(node)[:80]}")
-            continue
-        cls = classes.get(node["class_type"])
-        if cls is None:
-            errors.append(f"node {node_id}: {node['class_type']!r} is not a node this runner knows "
-                          f"(it runs {', '.join(sorted(classes))}); run the graph in ComfyUI with --server")
-            continue
-        required, optional = input_specs(cls)
-        inputs = node.get("inputs", {})
-        for name in required:
-            if name not in inputs:
-                errors.append(f"node {node_id} ({node['class_type']}): required input {name!r} is missing")
-        for name, value in inputs.items():
-            declared = required.get(name) or optional.get(name)
-            if declared is None:
-                continue  # ComfyUI ignores inputs a node does not declare
-            in_type, options = declared[0], (declared[1] if len(declared) > 1 else {})
-            problem = _check_link(graph, classes, f"node {node_id} input {name!r}", in_type, value) \
-                if is_link(value) else _check_constant(node_id, name, in_type, options, value)
-            if problem:
-                errors.append(problem)
-        errors += _custom_validation(node_id, cls, inputs)
+        errors += _node_problems(graph, classes, node_id, node)
     return errors
+
+
+def _node_problems(graph: dict, classes: dict, node_id, node) -> list[str]:
+    """What is wrong with one node: its shape, its class, each of its inputs."""
+    if not isinstance(node, dict) or not isinstance(node.get("class_type"), str) or \
+            not isinstance(node.get("inputs", {}), dict):
+        return [f"node {node_id}: needs a class_type (text) and inputs (an object of input names), "
+                f"got {str(node)[:80]}"]
+    cls = classes.get(node["class_type"])
+    if cls is None:
+        return [f"node {node_id}: {node['class_type']!r} is not a node this runner knows "
+                f"(it runs {', '.join(sorted(classes))}); run the graph in ComfyUI with --server"]
+    required, optional = input_specs(cls)
+    inputs = node.get("inputs", {})
+    errors = [f"node {node_id} ({node['class_type']}): required input {name!r} is missing"
+              for name in required if name not in inputs]
+    for name, value in inputs.items():
+        declared = required.get(name) or optional.get(name)
+        if declared is None:
+            continue  # ComfyUI ignores inputs a node does not declare
+        in_type, options = declared[0], (declared[1] if len(declared) > 1 else {})
+        problem = _check_link(graph, classes, f"node {node_id} input {name!r}", in_type, value) \
+            if is_link(value) else _check_constant(node_id, name, in_type, options, value)
+        if problem:
+            errors.append(problem)
+    return errors + _custom_validation(node_id, cls, inputs) + _window_order(node_id, cls, inputs)
 
 
 def _check_link(graph, classes: dict, where: str, in_type, link) -> str | None:
@@ -111,6 +116,20 @@ def _custom_validation(node_id: str, cls, inputs: dict) -> list[str]:
                  if not is_link(v) and n in declared}
     verdict = check(**constants)
     return [] if verdict is True else [f"node {node_id} ({cls.__name__}): {verdict}"]
+
+
+def _window_order(node_id: str, cls, inputs: dict) -> list[str]:
+    """A window that would run no step. ComfyUI checks it when the node starts (a VALIDATE_INPUTS naming
+    both steps would repeat every error under each name and switch off ComfyUI's own range checks);
+    here it is refused before any node runs."""
+    start, end = inputs.get("start_step"), inputs.get("end_step")
+    if not (isinstance(start, int) and isinstance(end, int)) or is_link(start) or is_link(end):
+        return []
+    try:
+        check_window_order(start, end)
+    except InputError as err:
+        return [f"node {node_id} ({cls.__name__}): {err}"]
+    return []
 
 
 def check_graph(graph, classes: dict) -> None:

@@ -165,7 +165,7 @@ def test_main_command_runs_the_demo_smoke_graph(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "text: seven" in done.stdout
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".gif", ".jsonl", ".png"]
-    assert "up to 8 block(s) of up to 48 steps" in done.stderr and "block 1 step 1 T=" in done.stderr
+    assert "up to 8 block(s) of up to 48 steps" in done.stderr and "block 1/≤8  step 1/≤48  T " in done.stderr
     assert "nothing was written" not in done.stderr
 
 

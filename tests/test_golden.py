@@ -58,7 +58,7 @@ def facts(dm, result, live: list, stream_events: list) -> dict:
     """Everything a run shows, as digests beside the ids and text in full."""
     trace, state = result.trace, result.state
     texts = frame_texts(trace, dm.token_strings)
-    arrays = ("blocks", "steps", "ids", "accepted_bits", "entropy", "stop_bits", "pinned_bits", "times",
+    arrays = ("blocks", "steps", "ids", "committed_bits", "entropy", "stop_bits", "pinned_bits", "times",
               "knob_index")
     out = {"raw_ids": list(state.raw_ids), "text": state.text,
            "canvas_state": _scrub(state.asdict()), "frames": digest(texts),
@@ -68,7 +68,7 @@ def facts(dm, result, live: list, stream_events: list) -> dict:
                           "block_stopped_early": list(trace.block_stopped_early),
                           "knob_sets": list(trace.knob_sets), "context": _scrub(trace.context)},
            "runlog": digest([_scrub(r) for r in records(trace, result.config, state, texts)]),
-           "live": digest([(f.block, f.step, f.t, f.temperature, f.ids, f.accepted, f.entropy, f.stop, f.pinned)
+           "live": digest([(f.block, f.step, f.t, f.temperature, f.ids, f.committed, f.entropy, f.stop, f.pinned)
                            for f in live]),
            "events": digest(stream_events)}
     if result.context is not None:
@@ -89,9 +89,9 @@ def run(dm, prompt, knobs, windows=None, scheduling=EB, pins="", pause=None, **k
         return facts(dm, generate(dm, prompt, knobs, on_frame=on_frame, **kw), live, events)
     resume, edges = None, [0, *windows, pause or knobs.num_inference_steps]
     for start, end in zip(edges, edges[1:]):
-        start = resume.paused["step"] if resume is not None and resume.paused is not None else start
+        start = resume.paused.step if resume is not None and resume.paused is not None else start
         if resume is not None:
-            events.append(stream.start(resume.recorded[0]))
+            events.append(stream.start(resume.recorded))
         adv = Advanced(scheduling, start, end, pins, resume)
         result = generate(dm, prompt, knobs, advanced=adv, on_frame=on_frame, **kw)
         resume = result.state.resume
@@ -146,7 +146,7 @@ def _two_knob_windows(dm, prompt, first_knobs, second_knobs, k):
     live = []
     first = generate(dm, prompt, first_knobs, advanced=Advanced(end_step=k), on_frame=live.append)
     resume = first.state.resume
-    start = resume.paused["step"] if resume.paused is not None else k
+    start = resume.paused.step if resume.paused is not None else k
     result = generate(dm, prompt, second_knobs, advanced=Advanced(start_step=start, resume=resume),
                       on_frame=live.append)
     return facts(dm, result, live, [])

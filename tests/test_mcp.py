@@ -91,7 +91,8 @@ def test_generate_answers_seven_with_a_progress_notification_per_step(demo_model
     state = out["canvas_state"]
     assert state["finished_honestly"] and state["turn_closed"] and state["steps_used"] > 1
     assert [p for p, _, _ in notes] == list(range(1, state["steps_used"] + 1))
-    assert notes[0][1] == 8 * 48 and "% committed: " in notes[-1][2] and notes[0][2].startswith("block 1/8 step 1/48")
+    assert notes[0][1] == 8 * 48 and "  committed " in notes[-1][2] and "%: " in notes[-1][2]
+    assert notes[0][2].startswith("block 1/≤8  step 1/≤48")
     assert notes[-1][1] == state["steps_used"]  # the total drops to what ran once the answer ends
     rows = [json.loads(line) for line in Path(out["runlog"]).read_text().splitlines()]
     assert rows[0]["schema"] == "dg-runlog/1" and rows[-1]["text"] == "seven" and len(rows) == state["steps_used"] + 2

@@ -8,7 +8,7 @@ import torch
 from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
-from diffusiongemma.nodes import host
+from diffusiongemma.nodes import memory
 from diffusiongemma.runner.execute import run_graph
 
 Loader, Sampler, Encode, Advanced = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler",
@@ -103,7 +103,7 @@ def test_unload_without_comfyui_reloads_the_same_weights(demo_model):
     before = {n: t.clone() for n, t in dm.model.state_dict().items()}
     (text, *_), _ = call(Sampler, model=dm, prompt=ASK, **KNOBS)  # no executor: the call is the node
     assert all(p.device.type == "meta" for p in dm.model.parameters())
-    host.model_ready(dm)  # what the next run does first
+    memory.model_ready(dm)  # what the next run does first
     after = dm.model.state_dict()
     assert all(torch.equal(before[n], after[n]) for n in before)
     (again, *_), _ = call(Sampler, model=dm, prompt=ASK, **KNOBS)
@@ -116,7 +116,7 @@ def test_headless_runner_applies_the_policy_after_the_node_not_per_item(tmp_path
              "2": {"class_type": "DGemmaSampler", "inputs": {"model": ["1", 0], "prompt": ASK, **KNOBS}},
              "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
     seen = []
-    monkeypatch.setattr(host, "_after_run", lambda dm, held: seen.append(held.after_run))
+    monkeypatch.setattr(memory, "_after_run", lambda dm, held: seen.append(held.after_run))
     assert run_graph(graph)["3"]["text"] == ["seven"] and seen == ["unload"]
 
 

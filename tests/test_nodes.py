@@ -114,7 +114,7 @@ def test_progress_text_under_the_node_each_step_then_the_answer(tmp_path, demo, 
         (text, state, *_), _ = call(Sampler, model=demo, prompt="What is 3+4?", **KNOBS)
         lines = [t for node, t in comfy.text if node == "17"]
         assert len(lines) == state.steps_used + 1
-        assert lines[0].startswith("block 1 (of ≤1) · step 1 (of ≤48) · T ") and "committed\n" in lines[0]
+        assert lines[0].startswith("block 1/≤1  step 1/≤48  T ") and "  committed " in lines[0].split("\n")[0]
         assert lines[-1] == f"done · {state.steps_used} steps\n{text}" and text == "seven"
         comfy.text.clear()
         window = dict(KNOBS, scheduler="entropy_bound", pins="")

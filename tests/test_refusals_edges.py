@@ -23,7 +23,7 @@ from diffusiongemma.dgemma.pins import parse as parse_pins
 from diffusiongemma.dgemma.resume import Advanced
 from diffusiongemma.dgemma.tokens import literal_ids
 from diffusiongemma.dgemma.vision import prepare_images
-from diffusiongemma.nodes import host
+from diffusiongemma.nodes import memory
 from diffusiongemma.runner import cli
 from diffusiongemma.runner.core_nodes import CORE_NODES
 
@@ -157,24 +157,24 @@ def test_a_reload_after_unload_refuses_a_changed_checkpoint(tiny_dir, tmp_path, 
 
     folder = _copy(tiny_dir, tmp_path / "ckpt")
     dm = load_model(str(folder))
-    host.manage(dm, "unload", reload=lambda: load_model(str(folder)))
-    host.run_finished(dm, "n1")
+    memory.manage(dm, "unload", reload=lambda: load_model(str(folder)))
+    memory.run_finished(dm, "n1")
     assert all(p.device.type == "meta" for p in dm.model.parameters())
     if change == "reweigh":
         _reweigh(folder)
     else:
         shutil.rmtree(folder)
         _copy(DEMO_DIR, folder)
-    refused(["model", str(folder), "changed", "Loader"], lambda: host.model_ready(dm))
+    refused(["model", str(folder), "changed", "Loader"], lambda: memory.model_ready(dm))
     refused(["model", "changed"], lambda: call(NODES["DGemmaSampler"], model=dm, prompt="hi", **KNOBS))
 
 
 def test_an_unchanged_checkpoint_reloads(tiny_dir, tmp_path):
     folder = _copy(tiny_dir, tmp_path / "ckpt")
     dm = load_model(str(folder))
-    host.manage(dm, "unload", reload=lambda: load_model(str(folder)))
-    host.run_finished(dm, "n1")
-    host.model_ready(dm)
+    memory.manage(dm, "unload", reload=lambda: load_model(str(folder)))
+    memory.run_finished(dm, "n1")
+    memory.model_ready(dm)
     assert all(p.device.type == "cpu" for p in dm.model.parameters())
 
 
@@ -213,6 +213,9 @@ GRAPH_CASES = [
     ("pins at one position", _graph(**{"2__pins": "3: one\n3: two"}), ["node 2", "pins", "position 3", "one pin"]),
     ("template and pin at 0", _graph(**{"2__pins": "The ___ end\n0: x"}), ["node 2", "pins", "position 0"]),
     ("pins without a blank", _graph(**{"2__pins": "just text"}), ["node 2", "pins", "blank"]),
+    ("window runs no step", _graph(**{"2__start_step": 5, "2__end_step": 3}),
+     ["node 2", "start_step 5", "below end_step 3"]),
+    ("empty window", _graph(**{"2__start_step": 4, "2__end_step": 4}), ["node 2", "start_step 4"]),
     ("SaveImage prefix escapes", _graph(**{"3__filename_prefix": "../../x"}),
      ["node 3", "'../../x'", "outside the output folder"]),
     ("SaveImage absolute prefix", _graph(**{"3__filename_prefix": "/tmp/x"}), ["node 3", "outside"]),

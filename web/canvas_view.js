@@ -5,13 +5,12 @@
 //
 // It paints inside its own element: a header line (block · step · T · committed), the final
 // text of the blocks already finished, then the current canvas with one span per position,
-// styled by its state (digit i is the start event's states[i]: noise, new, settled, pinned, constrained) in the
-// colours the start event carries (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
+// styled by its state digit, named by the start event's `states` (the engine's names, index = digit) and
+// painted in the colours its `palette` carries (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
 // animation frame, so hundreds of steps cost no more DOM than one.
 
 const STYLE_ID = "dgemma-live-view-style";
-const DEFAULT_STATES = ["noise", "new", "settled", "pinned", "constrained"];
-const STATE_NAME = /^[a-z]+$/;
+const NAME = /^[a-z]+$/;
 
 const CSS = `
 .dgemma-view { box-sizing: border-box; display: flex; flex-direction: column; width: 100%;
@@ -81,8 +80,8 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   let run = null;        // {blocks, steps, canvasLength}
   let finished = [];     // final text of each finished block, in order
   let last = null;       // latest step event of the current block
+  let stateClass = { "0": "dg-noise" };  // digit -> class, from the start event's state names
   let doneEv = null;
-  let stateClass = Object.fromEntries(DEFAULT_STATES.map((n, i) => [String(i), `dg-${n}`]));
   let headerText = "";
   let pending = 0;
   let handle = null;
@@ -132,8 +131,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       setHeader(`interrupted at block ${last.block + 1} step ${last.step + 1}`);
       return;
     }
-    setHeader(`block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`
-      + ` · T=${num(last.T, 3)} · committed ${num((last.committed ?? 0) * 100, 0)}%`);
+    setHeader(last.caption ? String(last.caption) : `block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`);
   }
 
   function paintCanvas() {
@@ -195,10 +193,10 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       stats.events += 1;
       view.reset();
       run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
-      const names = Array.isArray(ev?.states) ? ev.states.map(String) : DEFAULT_STATES;
-      stateClass = Object.fromEntries(names.filter((n) => STATE_NAME.test(n)).map((n) => [String(names.indexOf(n)), `dg-${n}`]));
+      const names = Array.isArray(ev?.states) ? ev.states.map(String).filter((n) => NAME.test(n)) : [];
+      if (names.length) stateClass = Object.fromEntries(names.map((n, i) => [String(i), `dg-${n}`]));
       for (const [name, colour] of Object.entries(ev?.palette ?? {})) {
-        if (STATE_NAME.test(name) && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(`--dg-${name}`, colour);
+        if (NAME.test(name) && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(`--dg-${name}`, colour);
       }
       // A resumed run continues from the canvas where the earlier sampler paused, not from noise.
       const resumed = ev?.resumed;

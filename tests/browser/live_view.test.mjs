@@ -284,7 +284,7 @@ try {
     for (let b = 0; b < blocks; b++) {
       for (let s = 0; s < per; s++) {
         const src = base[(b * per + s) % base.length];
-        many.push({ ...src, block: b, step: s, blocks, steps: per,
+        many.push({ ...src, block: b, step: s, blocks, steps: per, caption: `block ${b + 1}/≤${blocks}  step ${s + 1}/≤${per}`,
           tokens: src.tokens.map((t, i) => (i === 0 ? `[${b}.${s}]` : t)) });
       }
     }
@@ -322,7 +322,7 @@ try {
     assert(r.pacedPaints <= r.nodeCounts.length + 2, `paced: ${r.pacedPaints} paints for ${r.nodeCounts.length} frames`);
     assert(r.burstPaints <= 2, `burst: ${r.burstPaints} paints for 500 events`);
     assertEq(r.text, expectedText(many), "painted text after 500 steps");
-    assert(r.header.startsWith(`block ${blocks}/${blocks} · step ${per}/${per}`), `header: ${r.header}`);
+    assert(r.header.startsWith(`block ${blocks}/≤${blocks}  step ${per}/≤${per}`), `header: ${r.header}`);
     assert(r.paced < 15000, `500 paced steps took ${r.paced.toFixed(0)} ms`);
     console.log(`     500 steps: paced ${r.paced.toFixed(0)} ms in ${r.pacedPaints} paints, `
       + `burst feed ${r.burstFeed.toFixed(1)} ms in ${r.burstPaints} paint(s), ${maxNodes} elements`);
@@ -412,6 +412,38 @@ try {
     assertEq(r.text, join(STEPS[3].tokens), "text after the tab came back");
     assert(r.header.startsWith(`paused · committed ${Math.round(STEPS[3].committed * 100)}%`), `header: ${r.header}`);
     assertEq(r.title, r.header, "the header's whole line on hover");
+  });
+
+  await check("the Advanced node shows only the knobs its scheduler reads, and keeps every value", async () => {
+    const r = await page.evaluate(async (applies) => {
+      const { app } = await import("/scripts/app.js");
+      const { followScheduler } = await import("/web/scheduler_widgets.js");
+      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.SchedulerWidgets");
+      const names = ["seed", "t_min", "t_max", "entropy_bound", "scheduler", "temperature", "threshold",
+                     "editing_threshold", "corrector_steps", "corrector_k"];
+      const node = { widgets: names.map((name) => ({ name, type: "number", value: name === "scheduler"
+        ? "entropy_bound" : 1 })), size: [300, 200], computeSize: () => [300, 150], setSize(s) { this.size = s; } };
+      const shown = () => node.widgets.filter((w) => !w.hidden).map((w) => w.name).join(",");
+      followScheduler(node, applies);
+      const first = shown();
+      const sched = node.widgets.find((w) => w.name === "scheduler");
+      sched.value = "discrete_ddim"; sched.callback?.("discrete_ddim");
+      const ddim = shown();
+      sched.value = "block_refinement"; node.onConfigure?.({}); // a saved graph's value, set after creation
+      const loaded = shown();
+      const proto = {};
+      ext.beforeRegisterNodeDef({ prototype: proto }, { input: { required: { scheduler: [[], { dgemma_applies: applies }] } } });
+      return { registered: Boolean(ext) && typeof proto.onNodeCreated === "function", first, ddim, loaded,
+               values: node.widgets.map((w) => w.value).join(","), type: node.widgets[5].type };
+    }, { entropy_bound: ["t_min", "t_max", "entropy_bound"],
+         block_refinement: ["temperature", "threshold", "editing_threshold"],
+         discrete_ddim: ["temperature", "corrector_steps", "corrector_k"] });
+    assert(r.registered, "extension registered and hooks onNodeCreated");
+    assertEq(r.first, "seed,t_min,t_max,entropy_bound,scheduler", "entropy_bound shows");
+    assertEq(r.ddim, "seed,scheduler,temperature,corrector_steps,corrector_k", "discrete_ddim shows");
+    assertEq(r.loaded, "seed,scheduler,temperature,threshold,editing_threshold", "a loaded graph shows");
+    assertEq(r.values, "1,1,1,1,block_refinement,1,1,1,1,1", "every value kept");
+    assertEq(r.type, "number", "a shown widget gets its type back");
   });
 
   await check("no page errors or console errors", async () => {
