@@ -33,7 +33,7 @@ from diffusiongemma.dgemma.loop import Cancelled  # noqa: E402
 from diffusiongemma.remote.connect import connect  # noqa: E402
 
 PROMPT = "What is 3+4?"
-ARRAYS = ("ids", "accepted_bits", "entropy", "stop_bits", "blocks", "steps", "times")
+ARRAYS = ("ids", "committed_bits", "entropy", "stop_bits", "blocks", "steps", "times")
 
 
 def identical(a, b) -> bool:

@@ -35,6 +35,6 @@ class Caption:
 def trace_captions(trace) -> list[Caption]:
     """The caption of every step of a finished run, each step counted against its block's own steps."""
     per_block = trace.steps_per_block
-    committed = trace.accepted.mean(axis=1) if len(trace) else np.zeros(0)
+    committed = trace.committed.mean(axis=1) if len(trace) else np.zeros(0)
     return [Caption(int(b), trace.num_blocks, int(s), per_block[int(b)], trace.t_and_temperature(i)[1], float(c))
             for i, (b, s, c) in enumerate(zip(trace.blocks, trace.steps, committed))]

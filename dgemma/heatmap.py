@@ -1,7 +1,7 @@
 """DGemmaTrace's pictures and summary: positions x steps, from the captured trace itself.
 
 Rows are the executed steps of every block, top to bottom, with one separator row between
-blocks; columns are canvas positions. Commit mode reads the scheduler's accepted mask; entropy
+blocks; columns are canvas positions. Commit mode reads the scheduler's committed mask; entropy
 mode paints the captured entropy on one fixed scale, so heatmaps of different runs compare, or
 on the run's own range, which shows the small entropies of a confident (demo) model.
 """
@@ -116,7 +116,7 @@ def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
     lines = [f"DGemmaTrace {mode} heatmap: {len(trace)} steps in {trace.num_blocks} block(s), "
              f"canvas {trace.canvas_length} positions",
              f"scheduler: {trace.scheduler_name} {config}; confidence={k.confidence}"]
-    accepted = trace.accepted
+    committed = trace.committed
     stops = tuple(trace.block_stopped_early)
     for b in range(trace.num_blocks):
         rows = np.flatnonzero(trace.blocks == b)
@@ -124,9 +124,9 @@ def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
         stop = "stopped early (adaptive stop)" if early else "no early stop"
         mean_h = float(trace.entropy[rows].astype(np.float32).mean())
         lines.append(f"block {b + 1}: {len(rows)} of {k.num_inference_steps} steps, {stop}, "
-                     f"mean entropy {mean_h:.3f} nats, last step committed {100 * accepted[rows[-1]].mean():.1f}%")
-        lines.append("  committed % per step (block-local, accepted at that step):")
-        lines += ["    " + line for line in _percent_lines(accepted[rows].mean(axis=1))]
+                     f"mean entropy {mean_h:.3f} nats, last step committed {100 * committed[rows[-1]].mean():.1f}%")
+        lines.append("  committed % per step (block-local, committed at that step):")
+        lines += ["    " + line for line in _percent_lines(committed[rows].mean(axis=1))]
     lines.append("layout: one row per executed step, top to bottom, all blocks stacked; a magenta row "
                  "separates blocks; one column per canvas position, left to right")
     if mode == "commit":
@@ -143,7 +143,7 @@ def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
         anchors = ", ".join(f"{name} {_nats(anchor_nats(i, cap))}" for i, name in enumerate(RAMP_NAMES))
         which = ("a fixed scale, the same for every run" if scale == "fixed" else
                  "this run's own range (its highest entropy at the top), so runs do not compare")
-        lines.append(f"colours: entropy of the distribution the scheduler accepted from (logits / T) on "
+        lines.append(f"colours: entropy of the distribution the scheduler committed from (logits / T) on "
                      f"{which}: 0..{_nats(cap)} nats{' (ln 262144)' if scale == 'fixed' else ''}, clipped above, "
                      f"log-spaced as level = ln(1+H) / ln(1+{_nats(cap)}); colour at H nats: {anchors}")
     return "\n".join(lines)

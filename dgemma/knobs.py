@@ -38,7 +38,7 @@ KNOBS: dict[str, KnobSpec] = {
         "Temperature of the first step (dimensionless softmax divisor), where t = 1."),
     "entropy_bound": KnobSpec(
         float, 0.1, 0.0, 1.0, 0.001,
-        "Joint entropy budget per step in nats: the lowest-entropy positions are accepted while their summed "
+        "Joint entropy budget per step in nats: the lowest-entropy positions are committed while their summed "
         "entropy fits."),
     "confidence": KnobSpec(
         float, 0.005, 0.0, 1.0, 0.001,

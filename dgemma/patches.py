@@ -201,7 +201,7 @@ def _installed(scheduler) -> bool:
 
 
 def step_with_entropy(scheduler, logits, step: int, canvas, generator):
-    """(scheduler output, (B, L) float entropy of logits / T that it accepted by)."""
+    """(scheduler output, (B, L) float entropy of logits / T that it committed by)."""
     if not _installed(scheduler):
         out = scheduler.step(logits, step, canvas, generator=generator)
         return out, torch.distributions.Categorical(logits=out.pred_logits.float()).entropy()

@@ -73,7 +73,7 @@ class CanvasState:
     turn_closed: bool              # the model emitted EOS (not: the canvas ran out)
     answer_tokens: int
     stray_thought_delimiter: bool
-    converged: bool                # every block stopped adaptively or accepted its whole canvas
+    converged: bool                # every block stopped adaptively or committed its whole canvas
     committed_fraction: float
     steps_used: int                # steps executed, all blocks together
     blocks: int

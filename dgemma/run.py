@@ -293,13 +293,13 @@ def read_state(dm: DGemmaModel, raw_ids: list[int], trace: CanvasTrace, pins=Non
     # The thought channel's delimiters are the model's writing; padding and end tokens are not.
     pinned = pin_report(pins, raw_ids, end, set(dm.tokenizer.all_special_ids) - set(dm.channel_ids or ()))
     text = dm.tokenizer.decode(list(cut.answer), skip_special_tokens=True).strip()
-    accepted = trace.accepted
+    committed = trace.committed
     last_of_block = np.flatnonzero(np.diff(np.append(trace.blocks, -1)) != 0)
-    converged = all(stopped or bool(accepted[i].all())
+    converged = all(stopped or bool(committed[i].all())
                     for stopped, i in zip(trace.block_stopped_early, last_of_block))
     return CanvasState(
         text=text, raw_ids=tuple(raw_ids), answer_ids=cut.answer, thought=thought_text(dm.tokenizer, cut.thoughts),
         turn_closed=cut.turn_closed, answer_tokens=len(cut.answer), stray_thought_delimiter=cut.stray_delimiter,
-        converged=converged, committed_fraction=float(accepted[-1].mean()) if len(trace) else 0.0,
+        converged=converged, committed_fraction=float(committed[-1].mean()) if len(trace) else 0.0,
         steps_used=len(trace), blocks=trace.num_blocks, run_id=trace.run_id, pins_applied=pinned.applied,
         pins_skipped=pinned.skipped, blanks_unfilled=pinned.blanks_unfilled)

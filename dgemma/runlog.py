@@ -53,11 +53,12 @@ def _frame_record(frame, text: str, token_strings, knob_set: int) -> dict:
     pinned = {} if frame.pinned is None else {"pinned": np.flatnonzero(frame.pinned).tolist()}
     if frame.constrained is not None:  # positions a constraint changed, only in constrained runs
         pinned["constrained"] = np.flatnonzero(frame.constrained).tolist()
+    # "accepted" is dg-runlog/1's name for the committed mask: the format keeps it, so old logs still read
     return {**pinned, "knob_set": knob_set,
         "record_type": "frame", "block": frame.block, "step": frame.step, "t": frame.t,
         "temperature": frame.temperature, "committed_fraction": frame.committed_fraction,
         "entropy_summary": {"mean": float(ent.mean()), "min": float(ent.min()), "max": float(ent.max())},
-        "decoded_text": text, "canvas_ids": frame.ids.tolist(), "accepted": frame.accepted.astype(int).tolist(),
+        "decoded_text": text, "canvas_ids": frame.ids.tolist(), "accepted": frame.committed.astype(int).tolist(),
         "stop_committed": np.flatnonzero(frame.stop).tolist(),
         "tokens": [token_strings[i] for i in frame.ids.tolist()],
     }
@@ -148,7 +149,7 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
     column = lambda key, dtype: np.array([f[key] for f in frames], dtype)
     return CanvasTrace(
         knobs=knobs, canvas_length=L, blocks=column("block", np.int16), steps=column("step", np.int16),
-        ids=column("canvas_ids", np.int32), accepted_bits=np.packbits(column("accepted", bool), axis=1),
+        ids=column("canvas_ids", np.int32), committed_bits=np.packbits(column("accepted", bool), axis=1),
         entropy=np.zeros((len(frames), L), np.float16), scheduler_name=header.get("scheduler_name", ""),
         context=header.get("injected_cache_provenance"),
         block_stopped_early=tuple(header.get("block_stopped_early", ())),

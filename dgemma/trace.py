@@ -1,8 +1,8 @@
 """Per-step capture: one compact frame per executed step, kept on the CPU.
 
 A step keeps its canvas ids (int32), what is committed after it (packed bits: the scheduler's
-accepted mask, plus the positions the adaptive stop committed, also kept apart) and the entropy
-of the distribution the scheduler accepted from (float16): about 7 bytes per canvas position,
+committed mask, plus the positions the adaptive stop committed, also kept apart) and the entropy
+of the distribution the scheduler committed from (float16): about 7 bytes per canvas position,
 nothing that scales with the vocabulary.
 """
 
@@ -25,15 +25,15 @@ class Frame:
     t: float
     temperature: float
     ids: np.ndarray
-    accepted: np.ndarray    # committed after this step
+    committed: np.ndarray   # committed after this step (the scheduler's, the stop's and the pins')
     entropy: np.ndarray
     stop: np.ndarray        # committed by the adaptive stop, not by the scheduler
-    pinned: np.ndarray | None = None  # held by a pin (also counted in `accepted`)
+    pinned: np.ndarray | None = None  # held by a pin (also counted in `committed`)
     constrained: np.ndarray | None = None  # changed by the constraint from the step's own token
 
     @property
     def committed_fraction(self) -> float:
-        return float(self.accepted.mean())
+        return float(self.committed.mean())
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ class CanvasTrace:
     blocks: np.ndarray       # (S,) int16 block index per step
     steps: np.ndarray        # (S,) int16 step index within the block
     ids: np.ndarray          # (S, L) int32 canvas after the step
-    accepted_bits: np.ndarray  # (S, ceil(L/8)) uint8, np.packbits of the committed mask
+    committed_bits: np.ndarray  # (S, ceil(L/8)) uint8, np.packbits of the committed mask
     entropy: np.ndarray      # (S, L) float16, nats, of logits / T
     scheduler_name: str = "EntropyBoundScheduler"
     context: dict | None = None  # provenance summary of an injected KV cache
@@ -76,7 +76,7 @@ class CanvasTrace:
         entropy = float(self.entropy[-1].astype(np.float32).mean())
         return (f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
                 f"{self.canvas_length} positions · {self.scheduler_name}\n"
-                f"last step: {float(self.accepted[-1].mean()):.0%} committed, mean entropy {entropy:.3f} nats\n"
+                f"last step: {float(self.committed[-1].mean()):.0%} committed, mean entropy {entropy:.3f} nats\n"
                 f"{self.stop_readout()}\n"
                 "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer")
 
@@ -112,19 +112,19 @@ class CanvasTrace:
         return np.unpackbits(bits if row is None else bits[row], axis=-1, count=self.canvas_length).astype(bool)
 
     @property
-    def accepted(self) -> np.ndarray:
+    def committed(self) -> np.ndarray:
         """(S, L) bool: committed after each step (the scheduler's mask or the adaptive stop)."""
-        return self._unpack(self.accepted_bits)
+        return self._unpack(self.committed_bits)
 
     @property
     def stop(self) -> np.ndarray:
-        """(S, L) bool: positions the adaptive stop committed that the scheduler had not accepted."""
+        """(S, L) bool: positions the adaptive stop committed that the scheduler had not."""
         return self._unpack(self.stop_bits)
 
     @property
-    def scheduler_accepted(self) -> np.ndarray:
-        """(S, L) bool: the scheduler's own accepted mask."""
-        return self.accepted & ~self.stop
+    def scheduler_committed(self) -> np.ndarray:
+        """(S, L) bool: the scheduler's own committed mask."""
+        return self.committed & ~self.stop
 
     @property
     def pinned(self) -> np.ndarray | None:
@@ -138,7 +138,7 @@ class CanvasTrace:
 
     def states(self) -> np.ndarray:
         """(S, L) position states by the one rule of `states.position_states`."""
-        return position_states(self.ids, self.accepted, self.blocks, self.pinned, self.constrained)
+        return position_states(self.ids, self.committed, self.blocks, self.pinned, self.constrained)
 
     def t_and_temperature(self, i: int) -> tuple[float, float]:
         if self.times is not None:
@@ -150,7 +150,7 @@ class CanvasTrace:
         pinned = None if self.pinned_bits is None else self._unpack(self.pinned_bits, i)
         constrained = None if self.constrained_bits is None else self._unpack(self.constrained_bits, i)
         return Frame(int(self.blocks[i]), int(self.steps[i]), *self.t_and_temperature(i),
-                     self.ids[i], self._unpack(self.accepted_bits, i), self.entropy[i],
+                     self.ids[i], self._unpack(self.committed_bits, i), self.entropy[i],
                      self._unpack(self.stop_bits, i), pinned, constrained)
 
     def frames(self):
@@ -158,7 +158,7 @@ class CanvasTrace:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.blocks, self.steps, self.ids, self.accepted_bits, self.entropy, self.stop_bits,
+        arrays = (self.blocks, self.steps, self.ids, self.committed_bits, self.entropy, self.stop_bits,
                   self.pinned_bits, self.times, self.knob_index, self.constrained_bits)
         return sum(a.nbytes for a in arrays if a is not None)
 
@@ -242,27 +242,27 @@ class Recorder:
         if not self.knob_sets or values != self.knob_sets[-1]:
             self.knob_sets.append(values)
 
-    def add(self, block: int, step: int, canvas, accepted, stop, entropy, pinned=None, constrained=None) -> Frame:
+    def add(self, block: int, step: int, canvas, committed, stop, entropy, pinned=None, constrained=None) -> Frame:
         """Capture batch row 0 of one step's tensors; returns the frame for live consumers.
 
-        `accepted` is the scheduler's mask, `stop` what the adaptive stop committed on top of it,
+        `committed` is the scheduler's mask, `stop` what the adaptive stop committed on top of it,
         `pinned` what a pin holds (counted as committed), `constrained` what a constraint changed.
         """
         ids = canvas[0].to("cpu", copy=True).numpy().astype(np.int32)
         by_stop = stop[0].to("cpu").numpy().astype(bool)
-        scheduler = accepted[0].to("cpu").numpy().astype(bool)
-        acc, by_stop = scheduler | by_stop, by_stop & ~scheduler
+        scheduler = committed[0].to("cpu").numpy().astype(bool)
+        done, by_stop = scheduler | by_stop, by_stop & ~scheduler
         pin = None
         if pinned is not None:
             pin = pinned[0].to("cpu").numpy().astype(bool)
-            acc, by_stop = acc | pin, by_stop & ~pin
+            done, by_stop = done | pin, by_stop & ~pin
         ent = entropy[0].to("cpu").numpy().astype(np.float16)
         t, temperature = self.clock.position(step), self.clock.temperature(step)
         changed = None if constrained is None else constrained[0].to("cpu").numpy().astype(bool)
-        self._rows.append(Row(block, step, ids, np.packbits(acc), ent, np.packbits(by_stop),
+        self._rows.append(Row(block, step, ids, np.packbits(done), ent, np.packbits(by_stop),
                               None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1,
                               None if changed is None else np.packbits(changed)))
-        return Frame(block, step, t, temperature, _frozen(ids), _frozen(acc), _frozen(ent), _frozen(by_stop),
+        return Frame(block, step, t, temperature, _frozen(ids), _frozen(done), _frozen(ent), _frozen(by_stop),
                      None if pin is None else _frozen(pin), None if changed is None else _frozen(changed))
 
     def end_block(self, stopped_early: bool) -> None:
@@ -286,7 +286,7 @@ class Recorder:
         return CanvasTrace(
             knobs=self.knobs, canvas_length=L,
             blocks=_frozen(col("block", np.int16, (0,))), steps=_frozen(col("step", np.int16, (0,))),
-            ids=_frozen(col("ids", np.int32, (0, L))), accepted_bits=_frozen(col("committed_bits", np.uint8, packed)),
+            ids=_frozen(col("ids", np.int32, (0, L))), committed_bits=_frozen(col("committed_bits", np.uint8, packed)),
             entropy=_frozen(col("entropy", np.float16, (0, L))), scheduler_name=name, context=context,
             block_stopped_early=tuple(self.stopped_early), stop_bits=_frozen(col("stop_bits", np.uint8, packed)),
             run_id=run_id, token_strings=self.token_strings, times=_frozen(times),

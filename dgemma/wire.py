@@ -35,14 +35,14 @@ def _bits(mask) -> str | None:
 def step_json(frame: Frame) -> dict:
     """One step: what the trace stores of it (ids, committed/stop/pinned masks, entropy, t, T)."""
     return {"block": frame.block, "step": frame.step, "t": frame.t, "T": frame.temperature,
-            "ids": frame.ids.tolist(), "accepted": _bits(frame.accepted), "stop": _bits(frame.stop),
+            "ids": frame.ids.tolist(), "committed": _bits(frame.committed), "stop": _bits(frame.stop),
             "pinned": _bits(frame.pinned), "entropy": _b64(frame.entropy.astype("<f2"))}
 
 
 def step_row(data: dict, canvas_length: int) -> Row:
     """The recorder row of a streamed step (knob index filled in by `result_parts`)."""
     packed = lambda key: None if data.get(key) is None else _array(data[key], np.uint8)
-    return Row(int(data["block"]), int(data["step"]), np.array(data["ids"], np.int32), packed("accepted"),
+    return Row(int(data["block"]), int(data["step"]), np.array(data["ids"], np.int32), packed("committed"),
                _array(data["entropy"], "<f2").astype(np.float16), packed("stop"), packed("pinned"),
                float(data["t"]), float(data["T"]), 0)
 
@@ -50,7 +50,7 @@ def step_row(data: dict, canvas_length: int) -> Row:
 def row_frame(row: Row, canvas_length: int) -> Frame:
     """The Frame a local run hands its on_frame for this row."""
     frame = row.frame(canvas_length)
-    for a in (frame.ids, frame.accepted, frame.entropy, frame.stop, frame.pinned):
+    for a in (frame.ids, frame.committed, frame.entropy, frame.stop, frame.pinned):
         if a is not None:
             a.setflags(write=False)
     return frame

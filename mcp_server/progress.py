@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dgemma.caption import Caption
 
-NOISE = "\u00b7"    # a position the scheduler has not accepted yet
+NOISE = "\u00b7"    # a position the scheduler has not committed yet
 MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the text
 
 
@@ -38,14 +38,14 @@ class StepMessages:
             return self.done_before + self.limit - self.block_start
         return self.done_before + self.steps - self.block_start + (self.blocks - 1 - self.block) * self.steps
 
-    def text(self, frame, all_accepted: bool = False) -> str:
-        return "".join(self.strings[i] if all_accepted or ok else NOISE
-                       for i, ok in zip(frame.ids.tolist(), frame.accepted.tolist()))
+    def text(self, frame, all_committed: bool = False) -> str:
+        return "".join(self.strings[i] if all_committed or ok else NOISE
+                       for i, ok in zip(frame.ids.tolist(), frame.committed.tolist()))
 
     def update(self, frame, done: int) -> tuple[int, str]:
         """(total, message) after `frame`, the `done`-th step of this call."""
         if self.last is not None and frame.block != self.last.block:
-            self.finished.append(self.text(self.last, all_accepted=True))
+            self.finished.append(self.text(self.last, all_committed=True))
             self.done_before, self.block, self.block_start = done - 1, frame.block, 0
         self.last = frame
         self.total = self._total()

@@ -20,8 +20,8 @@ class CanvasStateOut(BaseModel):
     answer_tokens: int = _f("Tokens in the answer.")
     finished_honestly: bool = _f("The turn closed with an answer that fills every pinned blank and "
                                   "satisfies the constraint, when there is one.")
-    converged: bool = _f("Every block stopped adaptively or accepted its whole canvas.")
-    committed_fraction: float = _f("Share of the last canvas the scheduler had accepted at the last step (0..1).")
+    converged: bool = _f("Every block stopped adaptively or committed its whole canvas.")
+    committed_fraction: float = _f("Share of the last canvas the scheduler had committed at the last step (0..1).")
     steps_used: int = _f("Denoising steps executed, all blocks together.")
     blocks: int = _f("Blocks run.")
     stray_thought_delimiter: bool = _f("A thought-channel delimiter appeared unpaired.")

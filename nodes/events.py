@@ -30,10 +30,10 @@ def step_states(frame, previous) -> str:
     def masks(name):
         if getattr(frame, name) is None:
             return None
-        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.accepted)
+        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.committed)
                          for f in rows])
 
-    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.accepted for f in rows]),
+    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.committed for f in rows]),
                              np.array([f.block for f in rows]), masks("pinned"), masks("constrained"))[-1]
     return "".join(map(str, states.tolist()))
 
@@ -47,11 +47,13 @@ class StepStream:
         self.previous = None
         self.count = 0  # steps sent, all blocks together
 
-    def start(self, resumed=None) -> dict:
+    def start(self, resumed=None, asked: dict | None = None) -> dict:
         """The run's start; a resumed run (its `Recorded` steps) also carries where it resumes, so the
-        view continues from it."""
+        view continues from it. `asked` (prompt, image thumbnail as base64 PNG) heads the view."""
         event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
                  "canvas_length": self.canvas_length, "palette": hex_palette(), "states": list(NAMES)}
+        if asked is not None:
+            event["asked"] = {"prompt": asked["prompt"][:MAX_TEXT], "thumbnail": asked.get("thumbnail")}
         if resumed is not None and resumed.rows:
             frames = resumed.last_frames(self.canvas_length)
             self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None
@@ -77,9 +79,9 @@ class StepStream:
         return event
 
     def progress_text(self, frame) -> str:
-        """One step as the short text under the node: its caption, and the accepted text so far (a
+        """One step as the short text under the node: its caption, and the committed text so far (a
         position still noise is a dot)."""
-        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.accepted.tolist())]
+        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.committed.tolist())]
         text = "".join(pieces).replace("\n", " ")
         if len(text) > MAX_PROGRESS_TEXT:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
@@ -119,14 +121,17 @@ class BatchStream:
     def items(self) -> int:
         return len(self.streams)
 
-    def start(self, resumed: list) -> dict:
-        """`resumed`: per item the `Recorded` steps it resumes from, or None."""
-        events = [s.start(r) for s, r in zip(self.streams, resumed)]
+    def start(self, resumed: list, asked: list | None = None) -> dict:
+        """`resumed`: per item the `Recorded` steps it resumes from, or None; `asked`: per item its prompt
+        and image thumbnail (see StepStream.start)."""
+        asked = asked if asked is not None else [None] * self.items
+        events = [s.start(r, a) for s, r, a in zip(self.streams, resumed, asked)]
         if self.items == 1:
             return events[0]
-        rows = [{"blocks": s.blocks, "steps": s.steps, **({"resumed": e["resumed"]} if "resumed" in e else {})}
+        own = ("resumed", "asked")  # each row's own
+        rows = [{"blocks": s.blocks, "steps": s.steps, **{k: e[k] for k in own if k in e}}
                 for s, e in zip(self.streams, events)]
-        first = {k: v for k, v in events[0].items() if k != "resumed"}
+        first = {k: v for k, v in events[0].items() if k not in own}
         return {**first, "blocks": max(r["blocks"] for r in rows), "steps": max(r["steps"] for r in rows),
                 "items": self.items, "rows": rows}
 

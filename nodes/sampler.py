@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dgemma.backend import backend_of, constraint_options, run_items
-from ..dgemma.images import render_images
+from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
 from ..dgemma.schedulers import Scheduling
 from ..dgemma.tokens import frame_texts
+from ..dgemma.vision import image_record
 from . import host, memory
 from .events import DONE, START, STEP, BatchStream
 from .schema import (
@@ -44,6 +45,7 @@ class LiveRun:
         self.model, self.rows = model, rows
         self.resumed = [c.advanced.resume.recorded if c.advanced is not None and c.advanced.resume is not None
                         else None for c in calls]
+        self.asked = [(c.prompt, c.options["image"]) for c in calls]
         self.total = sum(blocks * steps for blocks, steps in rows)
         self.reached = [0] * len(calls)
         self.stream = BatchStream(str(node_id) if node_id is not None else "", rows, model.canvas_length,
@@ -53,7 +55,9 @@ class LiveRun:
 
     def start(self) -> None:
         if self.live:
-            host.send(START, self.stream.start(self.resumed))
+            asked = [{"prompt": prompt, "thumbnail": image_record(image)["thumbnail"] if image is not None else None}
+                     for prompt, image in self.asked]
+            host.send(START, self.stream.start(self.resumed, asked))
 
     def frame(self, index, frame) -> None:
         if self.live:
@@ -134,7 +138,8 @@ def run_calls(node_id, calls: list[Call]) -> list:
 def item_outputs(call: Call, result) -> tuple:
     model = call.model
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
-               render_images(result.trace, model.token_strings), result.config)
+               render_images(result.trace, model.token_strings, Asked.of(call.prompt, result.config.image)),
+               result.config)
     return outputs + ((result.context,) if call.advance else ())
 
 
@@ -164,7 +169,7 @@ class DGemmaSampler:
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
     OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)  # one value per item; frames: every item's, in order
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
-                   "noise and the lowest-entropy positions are accepted step by step. The node paints the canvas "
+                   "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
                    "An optional image is read by the encoder with the turn. For context from a KV cache use "
                    "DGemmaDenoise. A list of prompts denoises as one batch, each item exactly its own run.")

@@ -1,4 +1,4 @@
-"""DGemmaTrace: a heatmap of a run (accepted mask or entropy, positions x steps) and a summary."""
+"""DGemmaTrace: a heatmap of a run (committed mask or entropy, positions x steps) and a summary."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ class DGemmaTrace:
     OUTPUT_TOOLTIPS = ("Rows are executed steps (blocks stacked, boundaries marked), columns canvas positions.",
                        "Readable account of the run with the heatmap's legend and scale.")
     DESCRIPTION = ("Reads a canvas_trace after the run: commit mode shows which positions the scheduler "
-                   "accepted at each step (the real accepted mask), entropy mode the entropy of the "
-                   "distribution it accepted from, on a fixed scale so runs compare.")
+                   "committed at each step (the real committed mask), entropy mode the entropy of the "
+                   "distribution it committed from, on a fixed scale so runs compare.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -25,7 +25,7 @@ class DGemmaTrace:
             "required": {
                 "canvas_trace": (CANVAS_TRACE, {"tooltip": "The canvas_trace output of a sampler node."}),
                 "mode": (list(MODES), {"default": MODES[0], "tooltip":
-                         "commit: accepted (bright) vs renoised (dark) per step; entropy: nats of logits / T."}),
+                         "commit: committed (bright) vs renoised (dark) per step; entropy: nats of logits / T."}),
                 "cell_px": ("INT", {"default": CELL_PX_DEFAULT, "min": 1, "max": CELL_PX_MAX, "step": 1, "tooltip":
                             "Pixels per cell (positions x steps), nearest-neighbour."}),
             },

@@ -182,7 +182,7 @@ class TextBackend:
                             answer_tokens=int(stream.usage.get("completion_tokens") or
                                               stream.timings.get("predicted_n") or 0),
                             stray_thought_delimiter=False, converged=False,
-                            committed_fraction=float(trace.accepted[-1].mean()), steps_used=len(trace),
+                            committed_fraction=float(trace.committed[-1].mean()), steps_used=len(trace),
                             blocks=trace.num_blocks, run_id=trace.run_id)
         config = RunConfig(prompt=prompt, knobs=knobs, **model.describe(), run_id=trace.run_id)
         return RunResult(text, state, trace, config, None)

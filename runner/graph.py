@@ -5,6 +5,9 @@ from __future__ import annotations
 import inspect
 import math
 
+from ..dgemma.errors import InputError
+from ..dgemma.resume import check_window_order
+
 ANY = "*"
 
 
@@ -83,7 +86,7 @@ def _node_problems(graph: dict, classes: dict, node_id, node) -> list[str]:
             if is_link(value) else _check_constant(node_id, name, in_type, options, value)
         if problem:
             errors.append(problem)
-    return errors + _custom_validation(node_id, cls, inputs)
+    return errors + _custom_validation(node_id, cls, inputs) + _window_order(node_id, cls, inputs)
 
 
 def _check_link(graph, classes: dict, where: str, in_type, link) -> str | None:
@@ -113,6 +116,20 @@ def _custom_validation(node_id: str, cls, inputs: dict) -> list[str]:
                  if not is_link(v) and n in declared}
     verdict = check(**constants)
     return [] if verdict is True else [f"node {node_id} ({cls.__name__}): {verdict}"]
+
+
+def _window_order(node_id: str, cls, inputs: dict) -> list[str]:
+    """A window that would run no step. ComfyUI checks it when the node starts (a VALIDATE_INPUTS naming
+    both steps would repeat every error under each name and switch off ComfyUI's own range checks);
+    here it is refused before any node runs."""
+    start, end = inputs.get("start_step"), inputs.get("end_step")
+    if not (isinstance(start, int) and isinstance(end, int)) or is_link(start) or is_link(end):
+        return []
+    try:
+        check_window_order(start, end)
+    except InputError as err:
+        return [f"node {node_id} ({cls.__name__}): {err}"]
+    return []
 
 
 def check_graph(graph, classes: dict) -> None:

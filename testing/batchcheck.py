@@ -12,7 +12,7 @@ import numpy as np
 
 from ..dgemma.tokens import frame_texts
 
-TRACE_ARRAYS = ("blocks", "steps", "ids", "accepted_bits", "stop_bits", "pinned_bits", "constrained_bits", "times",
+TRACE_ARRAYS = ("blocks", "steps", "ids", "committed_bits", "stop_bits", "pinned_bits", "constrained_bits", "times",
                 "knob_index")
 
 

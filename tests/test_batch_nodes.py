@@ -21,7 +21,7 @@ def assert_item(listed, i, one, frames_before):
     """Item i of a list call equals the single call `one`; frames are every item's, in order."""
     text, state, trace, frames, images, config = listed[:6]
     assert text[i] == one[0] and state[i] == one[1] and config[i] == one[5]
-    assert (trace[i].ids == one[2].ids).all() and (trace[i].accepted_bits == one[2].accepted_bits).all()
+    assert (trace[i].ids == one[2].ids).all() and (trace[i].committed_bits == one[2].committed_bits).all()
     assert frames[frames_before:frames_before + len(one[3])] == one[3]
     assert torch.equal(images[i], one[4])
 

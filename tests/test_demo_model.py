@@ -59,7 +59,7 @@ def test_the_picture_not_the_question_decides_the_answer(demo_model):
 def test_same_prompt_and_seed_same_answer_and_trace(demo_model):
     one, two = (generate(demo_model, "What is 6+7?", knobs(seed=42)) for _ in range(2))
     assert one.text == two.text == "thirteen" and one.state == two.state
-    assert np.array_equal(one.trace.ids, two.trace.ids) and np.array_equal(one.trace.accepted, two.trace.accepted)
+    assert np.array_equal(one.trace.ids, two.trace.ids) and np.array_equal(one.trace.committed, two.trace.committed)
     assert np.array_equal(one.trace.entropy, two.trace.entropy)
 
 
@@ -69,7 +69,7 @@ def test_the_annealing_is_visible_with_the_demo_knobs(demo_model, thinking):
     result = generate(demo_model, "What is 3+4?", knobs(thinking=thinking))
     trace = result.trace
     assert result.text == "seven" and result.state.steps_used >= 4
-    accepted_per_step = trace.accepted.sum(axis=1)
+    accepted_per_step = trace.committed.sum(axis=1)
     assert accepted_per_step[0] < 0.5 * demo_model.canvas_length < accepted_per_step[-1]
     assert len(set(accepted_per_step.tolist())) >= 4  # the canvas fills in over several steps
     assert trace.block_stopped_early == (True,) and result.state.converged

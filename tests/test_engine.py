@@ -65,7 +65,7 @@ def test_capture_is_compact_and_honest(tiny_model):
     assert 0 <= float(t.entropy.min()) and float(t.entropy.max()) <= np.log(tiny_model.vocab_size) + 0.01
     frame = t.frame(5)
     assert frame.t == pytest.approx(1 / 6) and frame.temperature == pytest.approx(0.4 + 0.4 / 6)
-    assert frame.accepted.any() and frame.committed_fraction == r.state.committed_fraction
+    assert frame.committed.any() and frame.committed_fraction == r.state.committed_fraction
     assert t.nbytes / len(t) < 7.5 * tiny_model.canvas_length
     with pytest.raises(ValueError):
         t.ids[0, 0] = 5

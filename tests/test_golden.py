@@ -19,7 +19,7 @@ import pytest
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.context import encode_context
 from diffusiongemma.dgemma.demo import colour_image
-from diffusiongemma.dgemma.images import render_frames
+from diffusiongemma.dgemma.images import Asked, render_frames
 from diffusiongemma.dgemma.resume import Advanced
 from diffusiongemma.dgemma.runlog import records
 from diffusiongemma.dgemma.schedulers import Scheduling
@@ -58,17 +58,18 @@ def facts(dm, result, live: list, stream_events: list) -> dict:
     """Everything a run shows, as digests beside the ids and text in full."""
     trace, state = result.trace, result.state
     texts = frame_texts(trace, dm.token_strings)
-    arrays = ("blocks", "steps", "ids", "accepted_bits", "entropy", "stop_bits", "pinned_bits", "times",
+    arrays = ("blocks", "steps", "ids", "committed_bits", "entropy", "stop_bits", "pinned_bits", "times",
               "knob_index")
     out = {"raw_ids": list(state.raw_ids), "text": state.text,
            "canvas_state": _scrub(state.asdict()), "frames": digest(texts),
-           "images": digest(render_frames(trace, dm.token_strings)),
+           "images": digest(render_frames(trace, dm.token_strings,
+                                          asked=Asked.of(result.config.prompt, result.config.image))),
            "trace": {name: digest(getattr(trace, name)) for name in arrays},
            "trace_meta": {"scheduler_name": trace.scheduler_name, "scheduler_config": trace.scheduler_config,
                           "block_stopped_early": list(trace.block_stopped_early),
                           "knob_sets": list(trace.knob_sets), "context": _scrub(trace.context)},
            "runlog": digest([_scrub(r) for r in records(trace, result.config, state, texts)]),
-           "live": digest([(f.block, f.step, f.t, f.temperature, f.ids, f.accepted, f.entropy, f.stop, f.pinned)
+           "live": digest([(f.block, f.step, f.t, f.temperature, f.ids, f.committed, f.entropy, f.stop, f.pinned)
                            for f in live]),
            "events": digest(stream_events)}
     if result.context is not None:

@@ -1,4 +1,4 @@
-"""DGemmaTrace maths: commit heatmap from the accepted mask, entropy on a fixed scale, summary."""
+"""DGemmaTrace maths: commit heatmap from the committed mask, entropy on a fixed scale, summary."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def trace_of(accepted, entropy=None, blocks=None, stopped=(False, True)) -> Canv
     steps = np.concatenate([np.arange((blocks == b).sum()) for b in np.unique(blocks)]).astype(np.int16)
     entropy = np.full((S, L), 1.0) if entropy is None else entropy
     return CanvasTrace(knobs=Knobs(confidence=0.0), canvas_length=L, blocks=blocks, steps=steps,
-                       ids=np.zeros((S, L), np.int32), accepted_bits=np.packbits(accepted, axis=1),
+                       ids=np.zeros((S, L), np.int32), committed_bits=np.packbits(accepted, axis=1),
                        entropy=np.asarray(entropy, np.float16), block_stopped_early=stopped)
 
 

@@ -34,7 +34,7 @@ def make_trace(L=64, steps=(6, 4), seed=0, vocab=VOCAB, stopped=None) -> CanvasT
     col = lambda k, dt: np.array([r[k] for r in rows], dt)
     return CanvasTrace(knobs=Knobs(confidence=0.0), canvas_length=L, blocks=col(0, np.int16),
                        steps=col(1, np.int16), ids=col(2, np.int32),
-                       accepted_bits=np.packbits(col(3, bool), axis=1), entropy=col(4, np.float16),
+                       committed_bits=np.packbits(col(3, bool), axis=1), entropy=col(4, np.float16),
                        block_stopped_early=stopped or (False,) * len(steps))
 
 
@@ -143,7 +143,7 @@ def test_accepted_positions_bright_new_amber_noise_dim():
     trace = make_trace(L=8, steps=(2,), vocab=vocab)
     frames = images.render_frames(trace, vocab, legend=False)
     states = trace.states()
-    assert (states[0][trace.accepted[0]] == images.NEW).all()
+    assert (states[0][trace.committed[0]] == images.NEW).all()
     text = frames[:, images.MARGIN_Y + 12 + images.CAPTION_GAP:]
     colours = lambda f: {tuple(p) for p in f.reshape(-1, 3)}
     assert images.COLOURS[images.NEW] in colours(text[0]) and images.COLOURS[images.NOISE] in colours(text[0])

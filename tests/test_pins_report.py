@@ -52,7 +52,8 @@ def test_an_advanced_run_config_repeats_the_run(demo_model):
     assert (a["start_step"], a["end_step"], a["resumed_from"]) == (0, 1024, None)
     assert "scheduler block_refinement · window [0, 1024)" in str(first.config)
     again = generate(demo_model, first.config.prompt, first.config.knobs, advanced=Advanced(
-        Scheduling(a["scheduler"], **{k: a[k] for k in SCHEDULER_KNOBS if k in a}), a["start_step"], a["end_step"], a["pins"]))
+        Scheduling(a["scheduler"], **{k: a[k] for k in SCHEDULER_KNOBS if k in a}), a["start_step"], a["end_step"],
+        a["pins"]))
     assert again.state.raw_ids == first.state.raw_ids
     paused = generate(demo_model, ASK, knobs, advanced=Advanced(end_step=2))
     resumed = generate(demo_model, ASK, knobs, advanced=Advanced(start_step=2, resume=paused.state.resume))

@@ -58,14 +58,14 @@ def assert_same_run(dm, prompt, knobs, eos_stop=True, min_blocks=1, expect_early
     assert list(ours.state.raw_ids) == sequence
     assert ours.state.blocks >= min_blocks
     assert len(ours.trace) == len(canvases)
-    assert np.array_equal(ours.trace.scheduler_accepted, np.array(accepted))
+    assert np.array_equal(ours.trace.scheduler_committed, np.array(accepted))
     L = dm.canvas_length
     for i, frame in enumerate(ours.trace.frames()):
         last = i == len(ours.trace) - 1 or ours.trace.blocks[i + 1] != frame.block
         if last and ours.trace.block_stopped_early[frame.block]:
             # The stop commits the argmax: the engine's frame is what the pipeline appended, all committed.
             assert list(frame.ids) == sequence[frame.block * L:(frame.block + 1) * L]
-            assert frame.accepted.all()
+            assert frame.committed.all()
         else:
             assert np.array_equal(frame.ids, canvases[i])
     assert any(ours.trace.block_stopped_early) == expect_early_stop

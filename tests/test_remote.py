@@ -27,7 +27,7 @@ from diffusiongemma.remote.http import RemoteError
 Sampler, Denoise = NODE_CLASS_MAPPINGS["DGemmaSampler"], NODE_CLASS_MAPPINGS["DGemmaDenoise"]
 Advanced, Encode = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"], NODE_CLASS_MAPPINGS["DGemmaEncode"]
 KNOBS = dict(Knobs().asdict(), num_inference_steps=16, gen_length=32)  # short runs: the CPU is shared
-TRACE_ARRAYS = ("blocks", "steps", "ids", "accepted_bits", "entropy", "stop_bits", "pinned_bits", "times",
+TRACE_ARRAYS = ("blocks", "steps", "ids", "committed_bits", "entropy", "stop_bits", "pinned_bits", "times",
                 "knob_index")
 
 

@@ -56,7 +56,7 @@ def test_a_fourth_scheduler_runs_through_the_advanced_node(tiny_model, toy):
     L = tiny_model.canvas_length
     assert trace.scheduler_name == "ToyGreedyScheduler"
     assert trace.scheduler_config == {"num_inference_steps": 4, "lead": 3}
-    assert trace.accepted.sum(axis=1).tolist()[:4] == [L // 4 + 3, L // 2 + 3, 3 * L // 4 + 3, L]
+    assert trace.committed.sum(axis=1).tolist()[:4] == [L // 4 + 3, L // 2 + 3, 3 * L // 4 + 3, L]
     assert trace.knob_sets[0]["scheduler"] == "toy_greedy" and trace.knob_sets[0]["lead"] == 3
     assert len(frames) == len(trace) and state.steps_used == len(trace)
     # a window and its resume: the toy carries no state, and the chain is the one run

@@ -53,12 +53,12 @@ TEMPLATES = {
              "trained for this pack that answers 'What is a+b?' on any CPU. Put the real checkpoint folder "
              "under models/diffusiongemma to pick it. after_run: keep, offload to CPU or unload."),
             ((0, 430, 340, 170), "2 · Sampler: press Run and watch it. The canvas starts as random tokens; "
-             "each step the surest positions are accepted (bright) and the rest re-noised (dim)."),
+             "each step the surest positions are committed (bright) and the rest re-noised (dim)."),
             ((820, 420, 320, 180), "3 · Outputs: text is the answer. canvas_state says whether the model "
              "closed its turn and how many steps it took. Knobs: t_max → t_min anneals the temperature; "
              "entropy_bound is what a step may accept; confidence stops a block early."),
             ((1160, 440, 320, 160), "4 · Trace: a heatmap of positions (columns) × steps (rows) from the "
-             "scheduler's real accepted mask; mode entropy shows its uncertainty."),
+             "scheduler's real committed mask; mode entropy shows its uncertainty."),
         ],
     },
     "diffusiongemma_remote": {

@@ -9,7 +9,7 @@ const WIDGET = "dgemma_live_view";
 const views = new WeakMap(); // LGraphNode -> canvas view
 // The last run per node, kept across workflow tab switches (the frontend makes new nodes on each).
 const lastRuns = new Map(); // "workflow|graph|class|id" -> view snapshot
-const ROW_PX = 64;          // height a list run's row needs (its header and two lines of text)
+const ROW_PX = 84;          // height a list run's row needs (its header, its prompt and two lines of text)
 const MIN_PX = 140;
 const MAX_PX = 480;
 

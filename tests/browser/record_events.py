@@ -40,7 +40,7 @@ def record(dm, seed: int, steps: int, blocks: int, cold: bool) -> list[dict]:
     knobs = Knobs(seed=seed, num_inference_steps=steps, gen_length=blocks * dm.canvas_length,
                   confidence=0.0, **temps)
     stream = events.StepStream(NODE, blocks, steps, dm.canvas_length, dm.token_strings)
-    out = [{"type": events.START, "data": stream.start()}]
+    out = [{"type": events.START, "data": stream.start(asked={"prompt": PROMPT})}]
     result = generate(dm, PROMPT, knobs,
                       on_frame=lambda frame: out.append({"type": events.STEP, "data": stream.step(frame)}))
     out.append({"type": events.DONE, "data": stream.done(result.state.steps_used, result.text)})
@@ -59,7 +59,7 @@ def record_batch(dm) -> list[dict]:
     knobs = [Knobs(seed=i, num_inference_steps=12, gen_length=(32, 32, 64, 64)[i]) for i in range(4)]
     stream = events.BatchStream(NODE, [(-(-k.gen_length // dm.canvas_length), 12) for k in knobs],
                                 dm.canvas_length, dm.token_strings)
-    out = [{"type": events.START, "data": stream.start([None] * 4)}]
+    out = [{"type": events.START, "data": stream.start([None] * 4, [{"prompt": p} for p in BATCH_PROMPTS])}]
     results = run_batch([prepare(dm, p, k) for p, k in zip(BATCH_PROMPTS, knobs)], on_settled=stream.settle,
                         on_frame=lambda i, frame: out.append({"type": events.STEP, "data": stream.step(i, frame)}))
     out.append({"type": events.DONE, "data": stream.done(results)})
