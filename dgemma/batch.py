@@ -96,7 +96,7 @@ MEMORY_SHARE = 0.5  # of the free memory a batch may plan to take (activations a
 
 def item_bytes(dm, held_tokens: int) -> int:
     """What one more item adds to a batched step: its vocabulary-wide step tensors (at the real vocabulary
-    the self-conditioning alone is canvas x 262,144 values) and its share of the stacked cache."""
+    the self-conditioning alone is canvas x 262,144 values), its own cache and its rows of the stacked one."""
     tc = dm.model.config.get_text_config(decoder=True)
     width = next(dm.model.parameters()).element_size()
     vocab = STEP_COPIES * dm.canvas_length * dm.vocab_size * 4
@@ -104,7 +104,7 @@ def item_bytes(dm, held_tokens: int) -> int:
     for kind, layer in zip(tc.layer_types, tc.per_layer_config):
         tokens = min(held_tokens, tc.sliding_window) if kind == SLIDING else held_tokens
         kv += 2 * layer.num_key_value_heads * layer.head_dim * tokens * width
-    return vocab + kv
+    return vocab + 2 * kv
 
 
 def default_max_batch(dm, held_tokens: int, free: int) -> int:

@@ -152,3 +152,20 @@ def test_one_item_is_exactly_the_solo_path(demo_model):
     (batched,), alone = run_batch([req]), run(prepare(demo_model, "What is 2+2?", Knobs(seed=4, gen_length=32)))
     assert not differences(alone, batched) and entropy_exact(alone, batched)
     assert torch.equal(torch.tensor(batched.state.raw_ids), torch.tensor(alone.state.raw_ids))
+
+
+def test_the_default_batch_is_what_fits_in_free_memory(demo_model, forwards, monkeypatch):
+    from diffusiongemma.dgemma import batch, preflight
+
+    per_item = batch.item_bytes(demo_model, 100)
+    assert per_item >= batch.STEP_COPIES * demo_model.canvas_length * demo_model.vocab_size * 4
+    assert batch.item_bytes(demo_model, 1000) > per_item  # the cache counts too
+    assert batch.default_max_batch(demo_model, 100, 0) == 1
+    assert batch.default_max_batch(demo_model, 100, 10**15) == batch.MAX_BATCH_CAP
+    assert batch.default_max_batch(demo_model, 100, int(per_item * 3 / batch.MEMORY_SHARE)) == 3
+    monkeypatch.setattr(preflight, "free_ram", lambda: int(batch.item_bytes(demo_model, 200) * 2 / batch.MEMORY_SHARE))
+    specs = [(PROMPTS[i], Knobs(seed=i, gen_length=32, num_inference_steps=3, confidence=0.0), {}) for i in range(5)]
+    forwards.clear()
+    batched = run_batch([prepare(demo_model, p, k) for p, k, _ in specs])
+    assert forwards == [2] * 3 + [2] * 3 + [1] * 3
+    assert not any(differences(run(prepare(demo_model, p, k)), b) for (p, k, _), b in zip(specs, batched))
