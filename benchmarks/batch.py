@@ -8,7 +8,7 @@
   equal their solo run at float32 (the demo and the random tiny checkpoint, mixed lengths, thinking
   on and off); entropy_exact says how many also kept every entropy reading to the bit.
 
-    python benchmarks/batch.py [--repeats 5] [--items 104] [--no-slice]
+    python benchmarks/batch.py [--repeats 5] [--items 104] [--no-slice] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -81,15 +81,17 @@ def main(argv=None) -> None:
     parser.add_argument("--items", type=int, default=104)
     parser.add_argument("--no-slice", action="store_true", help="skip the real-geometry slice")
     parser.add_argument("--only-slice", action="store_true", help="measure the slice alone")
+    parser.add_argument("--dtype", default="auto", help="weights' dtype for the demo and tiny models (auto: float32)")
     args = parser.parse_args(argv)
     if args.only_slice:
         print(f"batch_speedup_slice={slice_speedup(2)}")
         return
-    demo = load_model(str(DEMO_DIR), device="cpu")
+    demo = load_model(str(DEMO_DIR), device="cpu", dtype=args.dtype)
     med, iqr, wall = speedup(demo, Knobs(seed=3, num_inference_steps=48, gen_length=64), args.repeats, "demo")
     same_demo, exact_demo = identical(demo, args.items, 12)
     with tempfile.TemporaryDirectory() as folder:  # the random tiny checkpoint, built in seconds
-        tiny = load_model(str(tiny_builder.build_checkpoint(Path(folder) / "random", "random")), device="cpu")
+        tiny = load_model(str(tiny_builder.build_checkpoint(Path(folder) / "random", "random")), device="cpu",
+                          dtype=args.dtype)
         same_tiny, exact_tiny = identical(tiny, max(args.items // 4, 8), 4)
     total = args.items + max(args.items // 4, 8)
     print(f"identical: demo {same_demo}/{args.items} (entropy to the bit {exact_demo}), tiny "
