@@ -89,22 +89,18 @@ class BatchForward:
         return out
 
 
-STEP_COPIES = 6     # canvas x vocabulary tensors per item in a step: logits, self-conditioning, scheduler work
 MAX_BATCH_CAP = 32  # beyond this a step is compute-bound on any device we know; more items only add latency
 MEMORY_SHARE = 0.5  # of the free memory a batch may plan to take (activations and allocator slack take the rest)
 
 
 def item_bytes(dm, held_tokens: int) -> int:
-    """What one more item adds to a batched step: its vocabulary-wide step tensors (at the real vocabulary
-    the self-conditioning alone is canvas x 262,144 values), its own cache and its rows of the stacked one."""
+    """What one more item adds to a batched step: the device plan's one-step working memory (at the real
+    vocabulary the self-conditioning alone is canvas x 262,144 values) plus its rows of the stacked cache."""
+    from .deviceplan import kv_bytes, step_bytes
+
     tc = dm.model.config.get_text_config(decoder=True)
     width = next(dm.model.parameters()).element_size()
-    vocab = STEP_COPIES * dm.canvas_length * dm.vocab_size * 4
-    kv = 0
-    for kind, layer in zip(tc.layer_types, tc.per_layer_config):
-        tokens = min(held_tokens, tc.sliding_window) if kind == SLIDING else held_tokens
-        kv += 2 * layer.num_key_value_heads * layer.head_dim * tokens * width
-    return vocab + 2 * kv
+    return step_bytes(tc, dm.canvas_length, held_tokens) + kv_bytes(tc, held_tokens, width)
 
 
 def default_max_batch(dm, held_tokens: int, free: int) -> int:
