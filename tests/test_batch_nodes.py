@@ -118,3 +118,14 @@ def test_the_headless_runner_batches_a_prompt_list(demo_model, tmp_path, monkeyp
     assert shown == singles
     with pytest.raises(ValueError, match="prompts is empty"):
         run_graph({**graph, "2": {"class_type": "DGemmaPromptList", "inputs": {"prompts": " \n"}}})
+
+
+def test_advanced_lists_chain_windows_item_by_item(demo_model):
+    window = dict(KNOBS, scheduler="entropy_bound", pins="", confidence=0.0)
+    first, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], start_step=0, end_step=4, **window)
+    assert all(state.paused for state in first[1])
+    second, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], canvas_state=first[1], start_step=4,
+                     end_step=1024, **window)
+    whole, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], start_step=0, end_step=1024, **window)
+    assert second[0] == whole[0] and [s.raw_ids for s in second[1]] == [s.raw_ids for s in whole[1]]
+    assert [len(t) for t in second[2]] == [len(t) for t in whole[2]]
