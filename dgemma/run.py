@@ -211,6 +211,9 @@ def check_batch(requests, max_batch=None) -> None:
         if req.dm is not requests[0].dm:
             raise InputError("model", f"item {index} uses another model than item 0; a batch runs on one "
                                       "model, so run each model's items apart")
+        if any(req is other for other in requests[:index]):  # a constraint's guide keeps state per run
+            raise InputError("requests", f"item {index} is the same Request as an earlier item; prepare each "
+                                         "item, even a repeated prompt, on its own")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise InputError("max_batch", f"max_batch must be a whole number of items of at least 1, got "
                                       f"{max_batch!r}")
