@@ -2,9 +2,10 @@
 
 Each lane keeps its own cache, prefilled alone, so what the encoder wrote is bit for bit what a
 solo run writes. Per forward the working lanes' caches are stacked, each row padded on the left to
-the longest (sliding layers hold at most their window, so full and sliding layers pad apart); the
-padding is masked out of attention and each row keeps its own canvas positions. The stacked view
-is rebuilt only when the working lanes or their blocks change.
+the longest (sliding layers hold at most their window, so full and sliding layers pad apart), and
+keeps its own canvas positions. Where rows are padded, sdpa attends row by row over each row's own
+keys (dgemma/patches.py), so attention rounds as in a solo run; every other layer runs once for the
+whole batch. The stacked view is rebuilt only when the working lanes or their blocks change.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .cache import fork_cache
+from .patches import RowKeys, rows_attention
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -21,10 +23,13 @@ def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if pad == 0 else torch.cat([t.new_zeros(*t.shape[:-2], pad, t.shape[-1]), t], dim=-2)
 
 
-def _mask(lengths: list[int], n: int, canvas_length: int, device):
-    """(B, 1, L, n + L) bool: each row sees its own keys and the canvas; None when no row is padded."""
+def _mask(lengths: list[int], n: int, canvas_length: int, device, rows_alone: bool):
+    """What keeps each row to its own keys and the canvas: None when no row is padded; the rows' padding
+    for sdpa's row-by-row path (a solo run's arithmetic); else a (B, 1, L, n + L) bool mask."""
     if all(k == n for k in lengths):
         return None
+    if rows_alone:
+        return RowKeys([n - k for k in lengths])
     seen = torch.arange(n + canvas_length, device=device)[None, :] >= torch.tensor(
         [n - k for k in lengths], device=device)[:, None]
     return seen[:, None, None, :].expand(len(lengths), 1, canvas_length, n + canvas_length)
@@ -33,7 +38,7 @@ def _mask(lengths: list[int], n: int, canvas_length: int, device):
 class View:
     """The stacked cache, per-kind masks and per-row positions of one set of lanes in their blocks."""
 
-    def __init__(self, lanes):
+    def __init__(self, lanes, rows_alone: bool):
         caches = [lane.decoder.cache for lane in lanes]
         d = lanes[0].decoder
         self.cache = fork_cache(caches[0])
@@ -46,7 +51,7 @@ class View:
             layer.values = torch.cat([_left_pad(v, n) for v in values])
             kind = SLIDING if self.cache.is_sliding[i] else FULL
             if kind not in self.masks:
-                self.masks[kind] = _mask([k.shape[-2] for k in keys], n, d.L, d.device)
+                self.masks[kind] = _mask([k.shape[-2] for k in keys], n, d.L, d.device, rows_alone)
         self.positions = torch.cat([lane.decoder.positions for lane in lanes])
 
 
@@ -60,13 +65,15 @@ class BatchForward:
     def __init__(self, model):
         self.model = model
         self.views: dict[tuple, View] = {}
+        implementation = model.config.get_text_config(decoder=True)._attn_implementation
+        self.rows_alone = implementation == "sdpa" and rows_attention()
 
     def _view(self, lanes) -> View:
         key = tuple((id(lane), lane.block) for lane in lanes)
         if key not in self.views:
             if len(self.views) > 1:
                 self.views.clear()
-            self.views[key] = View(lanes)
+            self.views[key] = View(lanes, self.rows_alone)
         return self.views[key]
 
     def _run(self, lanes) -> torch.Tensor:

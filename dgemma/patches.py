@@ -10,6 +10,8 @@
   so the trace does not pay for a second one. Every other caller sees the very same values.
 - auto-round: while loading, its keep-in-full-precision patterns arrive as one alternation
   (`merged_tie_patterns`).
+- transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
+  numbers of keys (`RowKeys`, `rows_attention`); every other call is sdpa's own.
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
 just the number), is logged once, and edits no installed file.
@@ -214,3 +216,45 @@ def step_with_entropy(scheduler, logits, step: int, canvas, generator):
     if entropy is None or entropy.shape != canvas.shape:  # not the acceptance entropy: measure it ourselves
         entropy = torch.distributions.Categorical(logits=out.pred_logits.float()).entropy()
     return out, entropy
+
+
+class RowKeys:
+    """The attention "mask" of a batch whose rows hold different numbers of keys: row r's first
+    `pads[r]` keys are padding."""
+
+    def __init__(self, pads):
+        self.pads = tuple(int(p) for p in pads)
+
+
+def _rows_alone(sdpa):
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if not isinstance(attention_mask, RowKeys):
+            return sdpa(module, query, key, value, attention_mask, **kwargs)
+        rows = [sdpa(module, query[r:r + 1], key[r:r + 1, :, p:], value[r:r + 1, :, p:], None, **kwargs)[0]
+                for r, p in enumerate(attention_mask.pads)]
+        return torch.cat(rows), None
+
+    attention.rows_alone = True
+    return attention
+
+
+def rows_attention() -> bool:
+    """Give transformers' sdpa attention a path for `RowKeys`: each row attends over its own keys alone,
+    with a solo run's very arithmetic (a masked batch rounds differently, which moves tokens at half
+    precision). False where the registry or sdpa's signature is not the kind this was checked against."""
+    try:
+        import inspect
+
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:
+        return False
+    with _install_lock:
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None
+        if sdpa is not None and not getattr(sdpa, "rows_alone", False):
+            names = list(inspect.signature(sdpa).parameters)[:5]
+            if names == ["module", "query", "key", "value", "attention_mask"]:
+                ALL_ATTENTION_FUNCTIONS["sdpa"] = _rows_alone(sdpa)
+        applied = getattr(ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None,
+                          "rows_alone", False)
+    _note("transformers sdpa rows", applied, "a padded batch attends row by row" if applied else "sdpa differs")
+    return applied
