@@ -171,3 +171,15 @@ def test_the_default_batch_is_what_fits_in_free_memory(demo_model, forwards, mon
     batched = run_batch([prepare(demo_model, p, k) for p, k, _ in specs])
     assert forwards == [2] * 3 + [2] * 3 + [1] * 3
     assert not any(differences(run(prepare(demo_model, p, k)), b) for (p, k, _), b in zip(specs, batched))
+
+
+def test_half_precision_batches_of_mixed_lengths_are_exact_to_the_bit():
+    """A masked batch rounds attention differently and moved tokens at bfloat16; rows attend alone now."""
+    from diffusiongemma.dgemma import load_model
+    from diffusiongemma.dgemma.demo import DEMO_DIR
+
+    dm = load_model(str(DEMO_DIR), device="cpu", dtype="bfloat16")
+    specs = [(PROMPTS[i % 8], Knobs(seed=i, gen_length=32, num_inference_steps=12), {}) for i in range(16)]
+    solo, batched = both(dm, specs, max_batch=8)
+    same, exact = assert_items_equal(dm, solo, batched)
+    assert exact == len(specs)
