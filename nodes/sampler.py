@@ -1,4 +1,4 @@
-"""DGemmaSampler and DGemmaDenoise: one engine run, with live events, progress and Cancel."""
+"""DGemmaSampler and DGemmaDenoise: a prompt, or a list of them as one batch, with live events, progress and Cancel."""
 
 from __future__ import annotations
 
