@@ -126,6 +126,20 @@ def test_templates_open_readable_in_a_1600_by_1000_window(path):
 
 
 @pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_video_combine_shows_the_gif_at_a_readable_size(path):
+    """Video Combine draws the GIF at its width less 20 px: at the saved scale that is READABLE of the
+    frame's own width or more, and the node has the height the preview adds after a run of the demo."""
+    ui_workflow = _ui_workflow()
+    workflow = json.loads(path.read_text())
+    scale = workflow["extra"]["ds"]["scale"]
+    assert ui_workflow.GIF_WIDTH == 576 and ui_workflow.READABLE >= 0.8
+    for n in (n for n in workflow["nodes"] if n["type"] == "VHS_VideoCombine"):
+        width, height = n["size"]
+        assert (width - 20) * scale >= ui_workflow.READABLE * ui_workflow.GIF_WIDTH, (n["id"], width, scale)
+        assert height >= 252 + (width - 20) * ui_workflow.GIF_HEIGHT / ui_workflow.GIF_WIDTH - 0.5, (n["id"], height)
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
 def test_every_template_has_a_thumbnail_from_a_screenshot(path):
     from PIL import Image
 

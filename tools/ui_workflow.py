@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO))
 from headless import load_pack  # noqa: E402
 
 load_pack()
+from diffusiongemma.dgemma.images import renderer  # noqa: E402
 from diffusiongemma.runner.execute import CLASSES  # noqa: E402
 from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 
@@ -38,6 +39,18 @@ MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaRemoteLoader": (210, 130),
             "DGemmaEncode": (283, 128), "DGemmaTrace": (210, 126), "DGemmaSamplerAdvanced": (289, 892),
             "PreviewAny": (210, 112), "PreviewImage": (140, 26), "EmptyImage": (210, 130),
             "VHS_VideoCombine": (210, 238), "Note": (210, 88)}
+# Video Combine draws its GIF at the node's width less 20 px, as tall as the frame's aspect asks, under
+# 252 px of widgets and margins. A template gives it a width that shows the frame at READABLE of its own
+# size or more at the saved scale (its 6 px cells are hard to read smaller), and the height it takes after
+# a run of the demo model, whose canvas is 32 positions.
+GIF_HEIGHT, GIF_WIDTH = renderer(32).size()
+READABLE = 0.8
+
+
+def video_combine(x: int, y: int, width: int) -> tuple[int, int, int, int]:
+    return x, y, width, round(252 + (width - 20) * GIF_HEIGHT / GIF_WIDTH)
+
+
 T = {"DGemmaLoader": (340, 200), "DGemmaRemoteLoader": (340, 140),
      "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 670),
      "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (420, 892)}
@@ -99,8 +112,8 @@ TEMPLATES = {
     },
     "diffusiongemma_gif": {
         "source": "gif",
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSampler"]),
-                  "3": (820, 0, 360, 520), "4": (1200, 0, 280, 130)},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 590),
+                  "3": video_combine(820, 0, 600), "4": (360, 625, 440, 112)},
         "notes": [
             ((0, 240, 340, 200), "GIF export: the Sampler's images output is every step as one image batch. "
              "Video Combine (VideoHelperSuite) writes it as a GIF or MP4; core SaveAnimatedWEBP works too."),
@@ -120,9 +133,8 @@ TEMPLATES = {
     "diffusiongemma_advanced_chain": {
         "source": "advanced_chain",
         "view": {"scale": 0.84, "offset": [80, 160]},
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
-                  "3": (800, 0, *T["DGemmaSamplerAdvanced"]), "4": (1240, 0, 340, 130),
-                  "5": (1240, 170, 340, 238)},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 360, 892), "3": (740, 0, 360, 892),
+                  "4": (1120, 0, 640, 130), "5": video_combine(1120, 170, 640)},
         "notes": [
             ((0, 240, 340, 220), "Two Advanced samplers, one run: the first runs steps [0, 6) and pauses; its "
              "canvas_state carries the unfinished canvas, so the second continues at step 6 from that canvas, "
@@ -153,20 +165,19 @@ TEMPLATES = {
              "satisfied."),
         ],
     },
-    # Three samplers in a row; their GIFs in a column left of the minimap (the only column that reaches
-    # below it), their answers in the column above it. At 0.8 nothing else fits beside three samplers.
+    # Three samplers in a row left of the minimap (the only room that reaches below it), their answers in
+    # the column above it. A Video Combine per sampler would not fit at a size its GIF can be read.
     "diffusiongemma_advanced_schedulers": {
         "source": "advanced_schedulers",
         "view": {"scale": 0.8, "offset": [80, 170]},
-        "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 320, 892), "3": (660, 0, 320, 892),
-                  "4": (1000, 0, 320, 892), "8": (1340, 0, 220, 238), "9": (1340, 310, 220, 238),
-                  "10": (1340, 620, 220, 238), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),
+        "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 400, 892), "3": (740, 0, 400, 892),
+                  "4": (1160, 0, 400, 892), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),
                   "7": (1580, 320, 270, 112)},
         "notes": [
             ((0, 240, 300, 300), "One prompt, three diffusers schedulers: entropy_bound (the default), "
              "block_refinement (commits the surest share each step) and discrete_ddim (ancestral DDIM with a "
-             "corrector sweep). Each matches diffusers' pipeline token for token. The GIFs on the right show "
-             "how each one anneals."),
+             "corrector sweep). Each matches diffusers' pipeline token for token; each view shows how it anneals "
+             "(the GIF template saves one)."),
         ],
     },
 }
