@@ -110,8 +110,8 @@ def test_templates_open_readable_in_a_1600_by_1000_window(path):
         ui_workflow.WINDOW[1]  # WINDOW was measured from an offset of 130
     for n in workflow["nodes"]:  # clear of the floating Run toolbar
         right = view["offset"][0] + (n["pos"][0] + n["size"][0]) * scale
-        title_top = view["offset"][1] + (n["pos"][1] - TITLE) * scale
-        assert right <= ui_workflow.TOOLBAR[0] or title_top >= ui_workflow.TOOLBAR[1], (n["type"], n["pos"])
+        badge_top = view["offset"][1] + (n["pos"][1] - TITLE - ui_workflow.BADGE) * scale
+        assert right <= ui_workflow.TOOLBAR[0] or badge_top >= ui_workflow.TOOLBAR[1], (n["type"], n["pos"])
     boxes = [(n["pos"][0], n["pos"][1] - TITLE, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
              for n in workflow["nodes"]]
     for i, a in enumerate(boxes):

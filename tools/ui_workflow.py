@@ -27,10 +27,12 @@ from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_
 # scale (>= 0.8), so it opens readable without zooming.
 WINDOW = (1480, 780)
 MINIMAP = (1250, 600)
-# The floating Run toolbar (and the progress line under it) covers the top right: screen x past
-# TOOLBAR[0] down to TOOLBAR[1]. A node title reaching past x must start below it.
-TOOLBAR = (1260, 128)
-VIEW = {"scale": 1.0, "offset": [80, 170]}  # where it opens: below the Run bar, right of the sidebar
+# The floating Run toolbar (and the "1 job completed" line under it after a run) covers the top right:
+# screen x past TOOLBAR[0] down to TOOLBAR[1]. A node reaching past x must start below it, counting the
+# source badge ("DiffusionGemma") drawn BADGE canvas px above its title.
+TOOLBAR = (1240, 128)
+BADGE = 20
+VIEW = {"scale": 1.0, "offset": [80, 180]}  # where it opens: below the Run bar, right of the sidebar
 # The smallest size the frontend gives each node, measured there: on load it enlarges smaller nodes to
 # this, and a sampler grows by the progress line under it once it runs (included here). Video Combine
 # grows by its GIF preview after a run, so a template leaves room below it.
@@ -112,8 +114,8 @@ TEMPLATES = {
     },
     "diffusiongemma_gif": {
         "source": "gif",
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 590),
-                  "3": video_combine(820, 0, 600), "4": (360, 625, 440, 112)},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 588),
+                  "3": video_combine(820, 0, 600), "4": (360, 618, 440, 112)},
         "notes": [
             ((0, 240, 340, 200), "GIF export: the Sampler's images output is every step as one image batch. "
              "Video Combine (VideoHelperSuite) writes it as a GIF or MP4; core SaveAnimatedWEBP works too."),
@@ -134,7 +136,7 @@ TEMPLATES = {
         "source": "advanced_chain",
         "view": {"scale": 0.84, "offset": [80, 160]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 360, 892), "3": (740, 0, 360, 892),
-                  "4": (1120, 0, 640, 130), "5": video_combine(1120, 170, 640)},
+                  "4": (1120, 20, 640, 130), "5": video_combine(1120, 190, 640)},
         "notes": [
             ((0, 240, 340, 220), "Two Advanced samplers, one run: the first runs steps [0, 6) and pauses; its "
              "canvas_state carries the unfinished canvas, so the second continues at step 6 from that canvas, "
