@@ -115,7 +115,8 @@ def test_templates_open_readable_in_a_1600_by_1000_window(path):
     boxes = [(n["pos"][0], n["pos"][1] - TITLE, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
              for n in workflow["nodes"]]
     for i, a in enumerate(boxes):
-        assert a[2] * scale <= ui_workflow.MINIMAP[0] or a[3] * scale <= ui_workflow.MINIMAP[1], a
+        assert view["offset"][0] + a[2] * scale <= ui_workflow.MINIMAP[0] or \
+            view["offset"][1] + a[3] * scale <= ui_workflow.MINIMAP[1], a  # clear of the minimap
         for b in boxes[i + 1:]:
             assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
     for node in workflow["nodes"]:

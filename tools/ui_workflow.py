@@ -23,10 +23,10 @@ from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_
 # Each template: its API graph (example_workflows/api/), where each node sits (x, y, width, height)
 # and short notes. Measured in ComfyUI 0.8 (frontend 1.35.9, classic renderer) in a 1600x1000 window:
 # the canvas that the page's panels leave free, in screen px from the view's offset, is WINDOW, less
-# the lower right corner from MINIMAP on, which the minimap covers. A template fits there at its saved
-# scale (>= 0.8), so it opens readable without zooming.
+# the minimap's panel, whose top left corner is at MINIMAP in screen px. A template fits there at its
+# saved scale (>= 0.8), so it opens readable without zooming.
 WINDOW = (1480, 780)
-MINIMAP = (1250, 600)
+MINIMAP = (1340, 740)
 # The floating Run toolbar (and the "1 job completed" line under it after a run) covers the top right:
 # screen x past TOOLBAR[0] down to TOOLBAR[1]. A node reaching past x must start below it, counting the
 # source badge ("DiffusionGemma") drawn BADGE canvas px above its title.
@@ -72,7 +72,7 @@ TEMPLATES = {
             ((820, 420, 320, 180), "3 · Outputs: text is the answer. canvas_state says whether the model "
              "closed its turn and how many steps it took. Knobs: t_max → t_min anneals the temperature; "
              "entropy_bound is what a step may accept; confidence stops a block early."),
-            ((1160, 440, 320, 160), "4 · Trace: a heatmap of positions (columns) × steps (rows) from the "
+            ((1160, 430, 320, 130), "4 · Trace: a heatmap of positions (columns) × steps (rows) from the "
              "scheduler's real committed mask; mode entropy shows its uncertainty."),
         ],
     },

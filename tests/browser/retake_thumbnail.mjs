@@ -29,7 +29,7 @@ try {
     }
   }));
   await page.evaluate(() => window.app.queuePrompt(0, 1));
-  const outcome = await Promise.race([ended, new Promise((r) => setTimeout(() => r("timeout"), 400000))]);
+  const outcome = await Promise.race([ended, new Promise((r) => setTimeout(() => r("timeout"), 400000).unref())]);
   await page.waitForTimeout(3000); // the GIF preview and the live view's last paint
   await page.screenshot({ path: out.replace(/\.jpg$/, ".png") });
   if (region) {
