@@ -21,18 +21,26 @@ from diffusiongemma.runner.execute import CLASSES  # noqa: E402
 from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 
 # Each template: its API graph (example_workflows/api/), where each node sits (x, y, width, height)
-# and short notes. Measured in ComfyUI 0.8 (frontend 1.35.9, classic renderer) in a 1600x1000 window:
-# the canvas that the page's panels leave free, in screen px from the view's offset, is WINDOW, less
-# the minimap's panel, whose top left corner is at MINIMAP in screen px. A template fits there at its
-# saved scale (>= 0.8), so it opens readable without zooming.
-WINDOW = (1480, 780)
-MINIMAP = (1340, 740)
-# The floating Run toolbar (and the "1 job completed" line under it after a run) covers the top right:
-# screen x past TOOLBAR[0] down to TOOLBAR[1]. A node reaching past x must start below it, counting the
-# source badge ("DiffusionGemma") drawn BADGE canvas px above its title.
+# and short notes. Measured in ComfyUI 0.8 (frontend 1.35.9, classic renderer) in a 1600x1000 window,
+# in screen px; the frontend draws canvas point p at (p + offset) * scale. A template opens at its saved
+# scale (>= 0.8) with every node, its title and its source badge inside FREE (left, top, right, bottom:
+# right of the sidebar, below the tab bar and the workflow's name, above the stats in the lower left),
+# clear of the floating Run toolbar and the "1 job completed" line under it (x past TOOLBAR[0], y above
+# TOOLBAR[1]) and of the minimap (x past MINIMAP[0], y below MINIMAP[1]).
+FREE = (60, 110, 1560, 910)
 TOOLBAR = (1240, 128)
-BADGE = 20
-VIEW = {"scale": 1.0, "offset": [80, 180]}  # where it opens: below the Run bar, right of the sidebar
+MINIMAP = (1340, 740)
+TITLE, BADGE = 30, 20  # canvas px above a node's pos: its title bar, then its source badge ("DiffusionGemma")
+VIEW = {"scale": 1.0, "offset": [80, 180]}  # where a template opens unless it says otherwise
+
+
+def screen_box(node: dict, view: dict) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) in screen px of a node with its title and badge, at the saved view."""
+    (ox, oy), scale = view["offset"], view["scale"]
+    x, y, w, h = *node["pos"], *node["size"]
+    return (x + ox) * scale, (y - TITLE - BADGE + oy) * scale, (x + w + ox) * scale, (y + h + oy) * scale
+
+
 # The smallest size the frontend gives each node, measured there: on load it enlarges smaller nodes to
 # this, and a sampler grows by the progress line under it once it runs (included here). Video Combine
 # grows by its GIF preview after a run, so a template leaves room below it.
@@ -134,7 +142,7 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_chain": {
         "source": "advanced_chain",
-        "view": {"scale": 0.84, "offset": [80, 160]},
+        "view": {"scale": 0.84, "offset": [80, 186]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 360, 892), "3": (740, 0, 360, 892),
                   "4": (1120, 20, 640, 130), "5": video_combine(1120, 190, 640)},
         "notes": [
@@ -145,7 +153,7 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_infill": {
         "source": "advanced_infill",
-        "view": {"scale": 0.84, "offset": [80, 160]},
+        "view": {"scale": 0.84, "offset": [80, 186]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 892),
                   "3": (820, 0, 340, 130), "4": (820, 170, 340, 140), "5": (820, 350, 340, 220)},
         "notes": [
@@ -156,7 +164,7 @@ TEMPLATES = {
     },
     "diffusiongemma_structured": {
         "source": "structured",
-        "view": {"scale": 0.8, "offset": [80, 170]},
+        "view": {"scale": 0.8, "offset": [80, 210]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaDenoise"]),
                   "4": (820, 0, *T["DGemmaSamplerAdvanced"]), "3": (1260, 0, 320, 112),
                   "5": (1260, 150, 320, 112), "6": (1260, 300, 320, 250)},
@@ -171,7 +179,7 @@ TEMPLATES = {
     # the column above it. A Video Combine per sampler would not fit at a size its GIF can be read.
     "diffusiongemma_advanced_schedulers": {
         "source": "advanced_schedulers",
-        "view": {"scale": 0.8, "offset": [80, 170]},
+        "view": {"scale": 0.8, "offset": [80, 210]},
         "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 400, 892), "3": (740, 0, 400, 892),
                   "4": (1160, 0, 400, 892), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),
                   "7": (1580, 320, 270, 112)},
