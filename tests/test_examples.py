@@ -108,8 +108,7 @@ def test_templates_open_readable_in_a_1600_by_1000_window(path):
         assert left <= box[0] and top <= box[1] and box[2] <= right and box[3] <= bottom, where
         assert box[2] <= ui_workflow.TOOLBAR[0] or box[1] >= ui_workflow.TOOLBAR[1], where
         assert box[2] <= ui_workflow.MINIMAP[0] or box[3] <= ui_workflow.MINIMAP[1], where
-    title = ui_workflow.TITLE
-    boxes = [(n["pos"][0], n["pos"][1] - title, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+    boxes = [(n["pos"][0], n["pos"][1] - ui_workflow.above(n), n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
              for n in workflow["nodes"]]
     for i, a in enumerate(boxes):
         for b in boxes[i + 1:]:

@@ -30,15 +30,20 @@ from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_
 FREE = (60, 110, 1560, 910)
 TOOLBAR = (1240, 128)
 MINIMAP = (1340, 740)
-TITLE, BADGE = 30, 20  # canvas px above a node's pos: its title bar, then its source badge ("DiffusionGemma")
+TITLE, BADGE = 30, 20  # canvas px above a node's pos: its title bar, then a custom node's source badge
 VIEW = {"scale": 1.0, "offset": [80, 180]}  # where a template opens unless it says otherwise
+
+
+def above(node: dict) -> int:
+    """Canvas px the frontend draws above a node's pos: the title, and the badge naming a pack's node."""
+    return TITLE + (BADGE if node["type"].startswith(("DGemma", "VHS_")) else 0)
 
 
 def screen_box(node: dict, view: dict) -> tuple[float, float, float, float]:
     """(left, top, right, bottom) in screen px of a node with its title and badge, at the saved view."""
     (ox, oy), scale = view["offset"], view["scale"]
     x, y, w, h = *node["pos"], *node["size"]
-    return (x + ox) * scale, (y - TITLE - BADGE + oy) * scale, (x + w + ox) * scale, (y + h + oy) * scale
+    return (x + ox) * scale, (y - above(node) + oy) * scale, (x + w + ox) * scale, (y + h + oy) * scale
 
 
 # The smallest size the frontend gives each node, measured there: on load it enlarges smaller nodes to
@@ -144,7 +149,7 @@ TEMPLATES = {
         "source": "advanced_chain",
         "view": {"scale": 0.84, "offset": [80, 186]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 360, 892), "3": (740, 0, 360, 892),
-                  "4": (1120, 20, 640, 130), "5": video_combine(1120, 190, 640)},
+                  "4": (1120, 20, 640, 130), "5": video_combine(1120, 200, 640)},
         "notes": [
             ((0, 240, 340, 220), "Two Advanced samplers, one run: the first runs steps [0, 6) and pauses; its "
              "canvas_state carries the unfinished canvas, so the second continues at step 6 from that canvas, "
@@ -155,7 +160,7 @@ TEMPLATES = {
         "source": "advanced_infill",
         "view": {"scale": 0.84, "offset": [80, 186]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 892),
-                  "3": (820, 0, 340, 130), "4": (820, 170, 340, 140), "5": (820, 350, 340, 220)},
+                  "3": (820, 0, 340, 130), "4": (820, 180, 340, 140), "5": (820, 350, 340, 220)},
         "notes": [
             ((0, 240, 340, 220), "Pins hold text in place (blue in every view). ___{1} is one free position, "
              "___ three or more; a line '12: text' pins text at a position. The model fills the blanks and "
