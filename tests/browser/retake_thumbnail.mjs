@@ -32,6 +32,11 @@ try {
   const outcome = await Promise.race([ended, new Promise((r) => setTimeout(() => r("timeout"), 400000).unref())]);
   await page.waitForTimeout(3000); // the GIF preview and the live view's last paint
   await page.screenshot({ path: out.replace(/\.jpg$/, ".png") });
+  // A GIF preview loops: SHOTS=n also saves n pages 0.2 s apart (OUT-1.png ...) to pick its last frame from.
+  for (let i = 1; i <= Number(process.env.SHOTS || 0); i++) {
+    await page.screenshot({ path: out.replace(/\.jpg$/, `-${i}.png`) });
+    await page.waitForTimeout(200);
+  }
   if (region) {
     const [x, y, width, height] = region.split(",").map(Number);
     await page.screenshot({ path: out, type: "jpeg", quality: 88, clip: { x, y, width, height } });
