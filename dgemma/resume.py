@@ -22,11 +22,14 @@ from .schedulers import Scheduling
 from .trace import Recorded
 from .vision import image_record
 
+AUTO = -1  # start_step: where the wired canvas_state paused, else 0
+
 WINDOW_KNOBS: dict[str, KnobSpec] = {
     "start_step": KnobSpec(
-        int, 0, 0, 1024, 1,
-        "Step (0-based) at which this node enters the schedule of its first block; later blocks start at 0. A "
-        "fresh canvas starts from noise there; with canvas_state it must be the step where that run paused."),
+        int, AUTO, AUTO, 1024, 1,
+        "Step (0-based) at which this node enters the schedule of its first block; later blocks start at 0. "
+        "-1 (auto): where the wired canvas_state paused, else 0. A fresh canvas starts from noise there; with "
+        "canvas_state it must be the step where that run paused."),
     "end_step": KnobSpec(
         int, 1024, 1, 1024, 1,
         "Step (exclusive) at which the node pauses, in whichever block reaches it first, and hands on a resumable "
@@ -65,6 +68,14 @@ class Resume:
         g = torch.Generator(device=device)
         g.set_state(self.generator_state.clone())
         return g
+
+
+def resolve_start(start_step, resume) -> int:
+    """start_step with auto resolved: where the resumed run paused, else 0."""
+    if start_step != AUTO:
+        return start_step
+    at = resume.paused if isinstance(resume, Resume) else None
+    return at.step if at is not None else 0
 
 
 def check_window(start_step, end_step) -> None:
@@ -147,7 +158,7 @@ class Advanced:
     """What an advanced run asks for beyond the knobs: scheduler, window, pins, and a run to resume."""
 
     scheduling: Scheduling = Scheduling()
-    start_step: int = 0
+    start_step: int = AUTO
     end_step: int = WINDOW_KNOBS["end_step"].default
     pins: str = ""
     resume: Resume | None = None
@@ -155,20 +166,23 @@ class Advanced:
     def plan(self, dm, knobs: Knobs) -> LoopPlan:
         """The loop's plan; refuses a bad window or bad pins (no model work is done here)."""
         pins = parse_pins(dm, self.pins, num_blocks(knobs.gen_length, dm.canvas_length) * dm.canvas_length)
-        return window_plan(dm, knobs, self.scheduling, self.start_step, self.end_step, pins, self.resume)
+        return window_plan(dm, knobs, self.scheduling, self.start, self.end_step, pins, self.resume)
+
+    @property
+    def start(self) -> int:
+        return resolve_start(self.start_step, self.resume)
 
     def knob_set(self, knobs: Knobs) -> dict:
         """The knobs in force in this window, the scheduler's own included."""
         s = self.scheduling
         return {**knobs.asdict(), "scheduler": s.name, **dict(s.settings),
-                "start_step": self.start_step, "end_step": self.end_step, "pins": self.pins}
-
+                "start_step": self.start, "end_step": self.end_step, "pins": self.pins}
 
     def record(self) -> dict:
         """What a run config keeps to repeat this: scheduler and its knobs, window, pins, the run resumed."""
         at = None if self.resume is None else self.resume.paused
         origin = None if self.resume is None else {"block": at and at.block, "step": at and at.step}
-        return {**dict(self.scheduling.settings), "scheduler": self.scheduling.name, "start_step": self.start_step,
+        return {**dict(self.scheduling.settings), "scheduler": self.scheduling.name, "start_step": self.start,
                 "end_step": self.end_step, "pins": self.pins, "resumed_from": origin}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import SEED_MAX
+from ..dgemma.resume import AUTO, resolve_start
 
 MAX_IMAGE_BYTES = 32 * 2**20
 _DATA_URL = re.compile(r"^data:image/[a-z.+-]+;base64,", re.IGNORECASE)
@@ -33,11 +34,9 @@ def seed(value) -> int:
 
 def start_step(value, resume) -> int:
     """The window's start: an integer, or "auto" (where the resumed run paused, else 0)."""
-    if value == "auto":
-        return resume.paused.step if resume is not None and resume.paused else 0
-    if isinstance(value, str):
+    if isinstance(value, str) and value != "auto":
         raise InputError("start_step", f"start_step must be an integer or \"auto\", got {value!r}")
-    return value
+    return resolve_start(AUTO if value == "auto" else value, resume)
 
 
 def folder(value: str, name: str = "output_dir") -> Path:

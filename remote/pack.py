@@ -81,7 +81,7 @@ class PackBackend:
         if advanced is not None:
             sched = advanced.scheduling
             ext["advanced"] = {"scheduler": {"name": sched.name, **dict(sched.settings)},
-                               "start_step": advanced.start_step, "end_step": advanced.end_step, "pins": advanced.pins,
+                               "start_step": advanced.start, "end_step": advanced.end_step, "pins": advanced.pins,
                                "resume": advanced.resume.handle if advanced.resume is not None else None}
         return {"model": model.model_id, "stream": True, "messages": [{"role": "user", "content": prompt}],
                 "dgemma": ext}

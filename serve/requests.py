@@ -15,7 +15,7 @@ import numpy as np
 
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import knobs_from
-from ..dgemma.resume import Advanced
+from ..dgemma.resume import AUTO, Advanced
 from ..dgemma.schedulers import Scheduling
 
 MAX_MESSAGES = 64
@@ -125,7 +125,7 @@ def advanced_of(spec, resumes) -> Advanced:
         raise InputError("scheduler", f"scheduler has an unknown field ({err})") from None
     handle = spec.get("resume")
     resume = resumes.get("canvas_state", handle) if handle is not None else None
-    return Advanced(scheduling, spec.get("start_step", 0), spec.get("end_step", 1024), spec.get("pins", ""), resume)
+    return Advanced(scheduling, spec.get("start_step", AUTO), spec.get("end_step", 1024), spec.get("pins", ""), resume)
 
 
 def job_of(body, contexts, resumes) -> Job:

@@ -117,7 +117,7 @@ def test_template_pins_and_blanks(tiny_model):
 
 
 @pytest.mark.parametrize("field, value, name", [
-    ("start_step", 5, "start_step"), ("end_step", 0, "end_step"), ("start_step", -1, "start_step"),
+    ("start_step", 5, "start_step"), ("end_step", 0, "end_step"), ("start_step", -2, "start_step"),
     ("pins", "no blank here", "pins"), ("pins", "999: far", "pins"), ("pins", "0: ab\n1: c", "pins"),
 ])
 def test_bad_window_and_pins_refused_before_work(tiny_model, field, value, name):
@@ -239,3 +239,22 @@ def test_chained_windows_over_several_blocks_on_a_kv_context(tiny_model, k):
     whole = generate(dm, PROMPT, knobs, context=ctx)
     assert whole.state.blocks == 3
     same_run(chained(dm, knobs, [k], context=ctx), whole)
+
+
+def test_start_step_auto_continues_where_the_wired_state_paused(tiny_model):
+    import fakecomfy  # noqa: F401
+    from executor import call
+
+    from diffusiongemma import NODE_CLASS_MAPPINGS
+    from diffusiongemma.dgemma.resume import AUTO, WINDOW_KNOBS
+
+    cls = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
+    assert cls.INPUT_TYPES()["required"]["start_step"][1]["default"] == AUTO == WINDOW_KNOBS["start_step"].lo
+    base = dict(model=tiny_model, prompt=PROMPT, seed=5, num_inference_steps=6, t_min=0.4, t_max=0.8,
+                entropy_bound=0.1, confidence=0.0, gen_length=32, thinking=False, scheduler="entropy_bound",
+                pins="", start_step=AUTO, end_step=1024)
+    whole, _ = call(cls, **base)
+    first, _ = call(cls, **{**base, "end_step": 4})       # auto on a fresh canvas: step 0
+    second, _ = call(cls, **{**base, "canvas_state": first[1]})  # auto on a paused one: step 4
+    assert first[5].advanced["start_step"] == 0 and second[5].advanced["start_step"] == 4
+    assert second[0] == whole[0] and second[3] == whole[3]
