@@ -57,8 +57,8 @@ MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaRemoteLoader": (210, 130),
 # Video Combine draws its GIF at the node's width less 20 px, as tall as the frame's aspect asks, under
 # 252 px of widgets and margins. A template gives it a width that shows the frame at READABLE of its own
 # size or more at the saved scale (its 6 px cells are hard to read smaller), and the height it takes after
-# a run of the demo model, whose canvas is 32 positions.
-GIF_HEIGHT, GIF_WIDTH = renderer(32).size()
+# a run of the demo model, whose canvas is 32 positions, under the header saying what was asked.
+GIF_HEIGHT, GIF_WIDTH = renderer(32).size(asked=True)
 READABLE = 0.8
 
 
