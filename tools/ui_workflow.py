@@ -174,10 +174,10 @@ TEMPLATES = {
                   "4": (820, 0, *T["DGemmaSamplerAdvanced"]), "3": (1260, 0, 320, 112),
                   "5": (1260, 150, 320, 112), "6": (1260, 300, 320, 250)},
         "notes": [
-            ((0, 240, 340, 300), "Every answer satisfies its constraint. Left, a choice (one option per line): the "
+            ((0, 240, 340, 300), "Every answer satisfies its constraint. Left, a choice (one per line): the "
              "demo already answers seven, so nothing changes. Right, a JSON Schema: the demo never learned JSON, "
-             "so the constraint writes braces and keys (violet: changed by it). canvas_state says whether it was "
-             "satisfied."),
+             "so the constraint writes braces and keys (violet: changed by it); the word inside is its guess. "
+             "canvas_state says if it held."),
         ],
     },
     # Three samplers in a row left of the minimap (the only room that reaches below it), their answers in
