@@ -6,6 +6,7 @@ import fakecomfy
 import pytest
 import torch
 from executor import call
+from test_nodes import shown
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.runner.execute import run_graph
@@ -62,7 +63,7 @@ def test_progress_text_counts_the_settled_items(tmp_path, demo_model, monkeypatc
     monkeypatch.setattr(host.ProgressText, "every", 0.0)
     with fakecomfy.installed(tmp_path) as comfy:
         call(Sampler, model=demo_model, prompt=PROMPTS[:2], **{**KNOBS, "gen_length": [32, 96]})
-    texts = [t for _, t in comfy.text]
+    texts = [shown(t) for _, t in comfy.text]
     assert texts[0].startswith("0 of 2 items settled · item ")
     assert any(t.startswith("1 of 2 items settled") for t in texts)
     assert texts[-1].startswith("done · 2 items settled")
