@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 
@@ -22,14 +23,57 @@ def test_a_lazy_pattern_answers_as_the_compiled_one(pattern, text):
     assert lazy.sub("-", text) == real.sub("-", text)
 
 
-def test_the_per_key_regex_patch_applies_to_the_installed_transformers():
+def test_an_exact_key_renaming_is_built_as_the_general_constructor_builds_it():
     from transformers import core_model_loading as cml
 
-    assert patches.lazy_key_patterns()
-    renaming = cml.WeightRenaming("model.layers.0.weight", "model.layers.0.weight")
-    assert isinstance(renaming.compiled_sources, patches.LazyPattern)
-    assert renaming.rename_source_key("model.layers.0.weight")[0] == "model.layers.0.weight"
-    assert cml.re.escape is re.escape  # everything else is re itself
+    assert patches.plain_key_renamings()
+    assert patches.plain_key_renamings()  # installed once, still reported
+    keys = [("model.layers.0.weight", "model.layers.0.weight"), ("model.a-b.norm_", "model.c.norm"),
+            ("model.layers.0.weight_scale", "model.x.7")]
+    slots = {n for k in cml.WeightRenaming.__mro__ for n in getattr(k, "__slots__", ())}
+    for source, target in keys:
+        fast = cml.WeightRenaming(source, target)
+        general = cml.WeightRenaming.__new__(cml.WeightRenaming)
+        cml.WeightTransform.__init__(general, source, target)
+        assert isinstance(fast.compiled_sources, patches.LazyPattern)
+        assert {n: patches._field(fast, n) for n in slots} == {n: patches._field(general, n) for n in slots}
+        for key in (source, source + "_scale", "x." + source, "other"):
+            assert fast.rename_source_key(key) == general.rename_source_key(key)
+
+
+def test_a_renaming_that_is_not_one_plain_key_to_another_takes_the_general_constructor():
+    from transformers import core_model_loading as cml
+
+    patches.plain_key_renamings()
+    rule = cml.WeightRenaming(r"^model\.(.+)", r"base.\1")  # a pattern, not a key
+    assert not isinstance(rule.compiled_sources, patches.LazyPattern)
+    assert rule.rename_source_key("model.a.weight")[0] == "base.a.weight"
+    group = cml.GroupWeightRename(["a.b", "a.c"], ["a.c", "a.d"])  # a subclass keeps its own constructor
+    assert not isinstance(group.compiled_sources, patches.LazyPattern)
+
+
+def test_autoround_reads_tensors_on_the_loading_thread_only_while_it_loads(monkeypatch):
+    from transformers.utils.import_utils import is_env_variable_true
+
+    monkeypatch.delenv("HF_DEACTIVATE_ASYNC_LOAD", raising=False)
+    with patches.for_load("none"):
+        assert not is_env_variable_true("HF_DEACTIVATE_ASYNC_LOAD")
+    with patches.sync_tensor_reads():
+        assert is_env_variable_true("HF_DEACTIVATE_ASYNC_LOAD")
+    assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ
+    monkeypatch.setenv("HF_DEACTIVATE_ASYNC_LOAD", "0")  # the user's own setting comes back
+    with patches.sync_tensor_reads():
+        pass
+    assert os.environ["HF_DEACTIVATE_ASYNC_LOAD"] == "0"
+
+
+def test_searching_with_a_compiled_pattern_answers_as_re_does():
+    view = patches._PatternSearchRe()
+    pattern = re.compile(patches.merge_patterns(["a.b", "a.b.c", "q"])[0])
+    for text in ("xa.bz", "q", "", "a.c", "azb"):
+        got, want = view.search(pattern, text), re.search(pattern, text)
+        assert (got and got.span()) == (want and want.span())
+    assert view.search("a+", "caab").span() == (1, 3) and view.escape is re.escape
 
 
 def test_identical_encoder_copies_are_budgeted_as_dropped(tmp_path):
