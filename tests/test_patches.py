@@ -98,3 +98,27 @@ def test_identical_encoder_copies_are_budgeted_as_dropped(tmp_path):
     data[8 + length + header[name]["data_offsets"][0]] ^= 0xFF
     copy.write_bytes(bytes(data))
     assert shared_copy_bytes({(copy if p == path else p): h for p, h in headers.items()}) == 0
+
+
+def test_the_collector_pauses_for_a_load_and_comes_back_as_it_was(tmp_path):
+    import gc
+
+    from diffusiongemma.dgemma import load_model
+
+    assert gc.isenabled()
+    with patches.paused_gc():
+        assert not gc.isenabled()
+        with patches.paused_gc():  # an overlapping load shares the pause
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()  # a host that runs without the collector keeps it off
+    try:
+        with patches.paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError, match="config.json"):  # a refused load gives it back too
+        load_model(str(tmp_path))
+    assert gc.isenabled()
