@@ -1,16 +1,16 @@
 """The real geometry on the CPU: the load path, memory plans against measured peaks, capture overhead, trace size.
 
 - load_overhead_seconds: CPU seconds of load_model in a fresh process from its call to the first
-  tensor read from the files (every check, pattern and per-key step included: the preflight's
-  headers, auto-round's conversion, transformers' key loop), at the full published AutoRound layout
-  (71,494 keys, 23,450 packed modules; narrow widths, testing/fulllayout.py). The whole call's CPU
-  time is printed beside it.
+  weight placed in the model (every check, pattern and per-key step included: the preflight's
+  headers, auto-round's conversion, transformers' whole key loop), at the full published AutoRound
+  layout (71,494 keys, 23,450 packed modules; narrow widths, testing/fulllayout.py). The first
+  tensor read and the whole call's CPU time are printed beside it.
 - preflight_step_error: |the device plan's step budget - the step's own peak| / measured, on the
   bf16 slice: a fresh child loads it, touches every weight and runs once; then its peak (VmHWM) is
   reset, and its peak over a run of two real-vocabulary steps at the canvas (the second with
   self-conditioning) above its resident size then is the step's.
-- preflight_int4_error: |the plan's whole peak - the child's own peak through the load and the
-  steps| / measured on the AutoRound twin, only where that twin was built (~45 min, ~18 GB of RAM).
+- preflight_int4_error: the same on the slice's AutoRound twin where it was built (~45 min, ~18 GB
+  of RAM), else on the small AutoRound twin (vocabulary 8,192; seconds to build).
 - slice_overhead_ratio: engine with full capture vs diffusers' bare pipeline on the bf16 slice
   (2 real-size text layers, vocabulary 262,144), same seed and knobs, at confidence 0.005 and 0;
   CPU seconds per run, alternating, median (and IQR) of the paired ratios; token parity checked.
@@ -107,65 +107,72 @@ def measure_load(folder: str, quant: str) -> dict:
 
 
 def memory_truth() -> tuple[float, float]:
-    """(bf16 step error, INT4 error): the plan's step budget against the step's own measured peak on the bf16
-    slice; the plan's whole peak against the child's own peak (load and steps) on the INT4 twin."""
-    errors = {}
-    folders = {"none": realslice.slice_dir()}
-    int4 = realslice.cache_root() / realslice.REAL.name / "int4"
-    if (int4 / "config.json").is_file():  # ~45 min and ~18 GB of RAM to build: only where it was built
-        folders["autoround"] = int4
+    """(bf16 error, INT4 error) of the plan's step budget against the step's own measured peak.
+
+    bf16: the real-vocabulary slice (where the bytes per logit were calibrated). INT4: the slice's AutoRound
+    twin where it was built (~45 min, ~18 GB of RAM), else the small AutoRound twin (vocabulary 8,192, built in
+    seconds), with the small bf16 twin beside it as the same check away from the calibration point. The small
+    twins' whole peaks are mostly the process's fixed costs, so only their steps are compared.
+    """
+    real_int4 = realslice.cache_root() / realslice.REAL.name / "int4"
+    runs = [("bf16 slice", realslice.slice_dir(), "none")]
+    if (real_int4 / "config.json").is_file():
+        runs.append(("INT4 slice twin", real_int4, "autoround"))
+    else:
+        runs += [("small bf16 twin", realslice.slice_dir(realslice.SMALL), "none"),
+                 ("small INT4 twin", realslice.int4_dir(realslice.SMALL), "autoround")]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
-    for quant, folder in folders.items():
+    errors = {}
+    for label, folder, quant in runs:
         out = subprocess.run([sys.executable, __file__, "--measure-load", str(folder), quant, "--threads", "1"],
                              capture_output=True, text=True, check=True, env=env)
         m = json.loads(out.stdout.strip().splitlines()[-1])
-        step_error = abs(m["predicted_step"] - m["step_peak"]) / m["step_peak"]
-        errors[quant] = step_error if quant == "none" else abs(m["predicted"] - m["peak"]) / m["peak"]
-        gib = {k: f"{v / 2**30:.3f} GiB" for k, v in m.items() if k != "shared"}
-        print(f"memory {quant}: step: plan {gib['predicted_step']}, the child's own peak over {STEPS} steps "
-              f"{gib['step_peak']} (error {step_error:.3f}); whole: plan {gib['predicted']} (load "
-              f"{gib['predicted_load']}, run {gib['predicted_run']}), the child's own peak {gib['peak']} (load "
-              f"{gib['load_peak']}, resident after the load {gib['resident']}, kept by the first run {gib['once']}; "
-              f"shared packed layers {m['shared']}; "
-              f"error {abs(m['predicted'] - m['peak']) / m['peak']:.3f})", flush=True)
-    return errors.get("none", float("nan")), errors.get("autoround", float("nan"))
+        errors[label] = abs(m["predicted_step"] - m["step_peak"]) / m["step_peak"]
+        mib = {k: f"{v / 2**20:.1f} MiB" for k, v in m.items() if k != "shared"}
+        print(f"memory, {label}: step: plan {mib['predicted_step']}, the child's own peak over a {STEPS}-step run "
+              f"{mib['step_peak']} (error {errors[label]:.3f}); whole: plan {mib['predicted']} (load "
+              f"{mib['predicted_load']}, run {mib['predicted_run']}), the child's own peak {mib['peak']} (load "
+              f"{mib['load_peak']}, resident after the load {mib['resident']}, kept by the first run {mib['once']}; "
+              f"shared packed layers {m['shared']}; error {abs(m['predicted'] - m['peak']) / m['peak']:.3f})",
+              flush=True)
+    return errors["bf16 slice"], errors.get("INT4 slice twin", errors.get("small INT4 twin"))
 
 
 def load_overhead() -> float:
-    """CPU seconds of a fresh process's load_model, from its call to the first tensor read, at the full
-    published AutoRound layout (71,494 keys; narrow widths, testing/fulllayout.py)."""
+    """CPU seconds of a fresh process's load_model, from its call to the first weight placed in the model, at
+    the full published AutoRound layout (71,494 keys; narrow widths, testing/fulllayout.py)."""
     folder = realslice.cache_root() / "fulllayout"
     if not (folder / "config.json").is_file():
         fulllayout.build(folder)
     out = subprocess.run([sys.executable, __file__, "--first-weight", str(folder)], capture_output=True, text=True,
                          check=True)
-    before, whole = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"load: {before:.2f} CPU s of load_model before the first tensor is read; {whole:.2f} CPU s for the "
+    read, placed, whole = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"load: {placed:.2f} CPU s of load_model before the first weight is placed (the first tensor read "
+          f"at {read:.2f} s: transformers' reader threads start with the key loop); {whole:.2f} CPU s for the "
           "whole load_model (71,494 keys, 23,450 packed modules; 74 MB of tensors, so nearly all of it is per-key "
           "and per-module work)", flush=True)
-    return before
+    return placed
 
 
-def first_weight(folder: str) -> tuple[float, float]:
-    """(CPU s from load_model's call to its first tensor read or placed, CPU s of the whole call)."""
+def first_weight(folder: str) -> tuple[float, float, float]:
+    """CPU s from load_model's call to its first tensor read, to its first weight placed, and to its return."""
     import auto_round  # noqa: F401  (imports are paid once per process, not per load)
     from transformers import core_model_loading as cml
 
     logging.getLogger("auto_round").setLevel(logging.ERROR)
-    first = []
+    first = {}
 
-    def noting(original):
+    def noting(name, original):
         def noted(*args, **kwargs):
-            if not first:
-                first.append(time.process_time())
+            first.setdefault(name, time.process_time())  # all threads' CPU time, as the whole call's
             return original(*args, **kwargs)
         return noted
 
-    cml._materialize_copy = noting(cml._materialize_copy)  # reads a tensor from its file
-    cml.set_param_for_module = noting(cml.set_param_for_module)
+    cml._materialize_copy = noting("read", cml._materialize_copy)
+    cml.set_param_for_module = noting("placed", cml.set_param_for_module)
     start = time.process_time()
     load_model(folder, quant="autoround", device="cpu")
-    return first[0] - start, time.process_time() - start
+    return first["read"] - start, first["placed"] - start, time.process_time() - start
 
 
 def run_pipeline(dm, knobs: Knobs) -> list[int]:

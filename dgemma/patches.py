@@ -4,9 +4,7 @@
   real AutoRound checkpoint), and the general rule's constructor runs several regexes per key and
   compiles one, though a rule made for one exact key is never matched against anything. A rule
   from one plain key to another is built directly, with the same fields and its regex compiled on
-  first use (checked against the general constructor when installed). For AutoRound loads the
-  loader reads tensors on the calling thread (transformers' own HF_DEACTIVATE_ASYNC_LOAD): its
-  thread pool costs a future per tensor, 71,494 of them, for tensors of kilobytes.
+  first use (checked against the general constructor when installed).
 - diffusers: EntropyBoundScheduler computes the per-position entropy it accepts by (over the
   whole vocabulary) but does not return it; its module gets a view of torch whose
   `distributions.Categorical` keeps that entropy for the calling thread (`step_with_entropy`),
@@ -23,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
 import re
 import sys
 import threading
@@ -127,26 +124,6 @@ def plain_key_renamings() -> bool:
     return applied
 
 
-@contextlib.contextmanager
-def sync_tensor_reads():
-    """transformers reads each tensor on the loading thread while this is open (its own switch)."""
-    with _ENV_LOCK:
-        before = os.environ.get(_ASYNC_SWITCH)
-        os.environ[_ASYNC_SWITCH] = "1"
-    try:
-        yield
-    finally:
-        with _ENV_LOCK:
-            if before is None:
-                os.environ.pop(_ASYNC_SWITCH, None)
-            else:
-                os.environ[_ASYNC_SWITCH] = before
-
-
-_ASYNC_SWITCH = "HF_DEACTIVATE_ASYNC_LOAD"
-_ENV_LOCK = threading.Lock()
-
-
 class _PatternSearchRe(types.ModuleType):
     """`re`, except that search() with a compiled pattern asks the pattern directly.
 
@@ -177,8 +154,7 @@ _PLAIN_NAME = re.compile(r"[\w.\-]+")
 def for_load(quant: str):
     """Everything a load of this quant mode runs under."""
     plain_key_renamings()
-    reads = sync_tensor_reads() if quant == "autoround" else contextlib.nullcontext()
-    with merged_tie_patterns(quant), reads:
+    with merged_tie_patterns(quant):
         yield
 
 

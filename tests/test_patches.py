@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 
@@ -50,21 +49,6 @@ def test_a_renaming_that_is_not_one_plain_key_to_another_takes_the_general_const
     assert rule.rename_source_key("model.a.weight")[0] == "base.a.weight"
     group = cml.GroupWeightRename(["a.b", "a.c"], ["a.c", "a.d"])  # a subclass keeps its own constructor
     assert not isinstance(group.compiled_sources, patches.LazyPattern)
-
-
-def test_autoround_reads_tensors_on_the_loading_thread_only_while_it_loads(monkeypatch):
-    from transformers.utils.import_utils import is_env_variable_true
-
-    monkeypatch.delenv("HF_DEACTIVATE_ASYNC_LOAD", raising=False)
-    with patches.for_load("none"):
-        assert not is_env_variable_true("HF_DEACTIVATE_ASYNC_LOAD")
-    with patches.sync_tensor_reads():
-        assert is_env_variable_true("HF_DEACTIVATE_ASYNC_LOAD")
-    assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ
-    monkeypatch.setenv("HF_DEACTIVATE_ASYNC_LOAD", "0")  # the user's own setting comes back
-    with patches.sync_tensor_reads():
-        pass
-    assert os.environ["HF_DEACTIVATE_ASYNC_LOAD"] == "0"
 
 
 def test_searching_with_a_compiled_pattern_answers_as_re_does():
