@@ -65,13 +65,24 @@ def _plain(key) -> bool:
     return isinstance(key, str) and _PLAIN_KEY.fullmatch(key) is not None
 
 
-def _plain_init(cls, general):
+def _key_ends(cls, general) -> dict[bool, str]:
+    """What `general` puts after a plain key in its regex, for a key ending in a letter or digit or not
+    (newer transformers add a name boundary)."""
+    ends = {}
+    for key in ("a.b", "a.b_"):
+        probe = cls.__new__(cls)
+        general(probe, key, key)
+        ends[key[-1].isalnum()] = probe.compiled_sources.pattern.removeprefix(f"(?P<g0>{key}").removesuffix(")")
+    return ends
+
+
+def _plain_init(cls, general, ends: dict[bool, str]):
     """WeightRenaming's constructor: for one plain key to another, the fields `general` would set, regex deferred."""
 
     def __init__(self, source_patterns, target_patterns):
         if type(self) is not cls or not (_plain(source_patterns) and _plain(target_patterns)):
             return general(self, source_patterns, target_patterns)
-        boundary = r"(?!\w)" if _ALNUM_END.search(source_patterns) else ""
+        boundary = ends[_ALNUM_END.search(source_patterns) is not None]
         fields = dict(source_patterns=[source_patterns], target_patterns=[target_patterns],
                       _original_source_patterns=[source_patterns], _original_target_patterns=[target_patterns],
                       distributed_operation=None, quantization_operation=None, collected_tensors=defaultdict(list),
@@ -116,8 +127,11 @@ def plain_key_renamings() -> bool:
     with _install_lock:
         applied = getattr(vars(cls).get("__init__") if cls else None, "dgemma_plain", False)
         if not applied and base is not None and "__init__" not in vars(cls):
-            init = _plain_init(cls, base.__init__)
-            if _builds_alike(cls, base.__init__, init):
+            try:
+                init = _plain_init(cls, base.__init__, _key_ends(cls, base.__init__))
+            except Exception:  # noqa: BLE001 - any surprise means the constructor is not the checked kind
+                init = None
+            if init is not None and _builds_alike(cls, base.__init__, init):
                 cls.__init__, applied = init, True
     _note("transformers per-key renaming", applied, "exact keys built directly" if applied
           else "loader code differs")
