@@ -10,7 +10,8 @@
   `distributions.Categorical` keeps that entropy for the calling thread (`step_with_entropy`),
   so the trace does not pay for a second one. Every other caller sees the very same values.
 - auto-round: while loading, its keep-in-full-precision patterns arrive as one alternation
-  (`merged_tie_patterns`), searched as the compiled pattern it is.
+  (`merged_tie_patterns`), searched as the compiled pattern it is, and its quantization schemes
+  list their dataclass fields from a cache (`cached_scheme_fields`).
 - Python: the cyclic garbage collector pauses while a load builds its model (`paused_gc`).
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
@@ -19,6 +20,7 @@ just the number), is logged once, and edits no installed file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import re
@@ -160,6 +162,7 @@ class _PatternSearchRe(types.ModuleType):
 
 
 _PATCH_LOCK = threading.Lock()  # the wrapped auto-round attribute is module-global
+_SCHEMES_LOCK = threading.Lock()  # held inside _PATCH_LOCK by a load: its own lock
 _MERGE_TESTED = ("0.16",)  # auto-round versions whose pattern use the merge was checked against
 _PLAIN_NAME = re.compile(r"[\w.\-]+")
 
@@ -168,7 +171,7 @@ _PLAIN_NAME = re.compile(r"[\w.\-]+")
 def for_load(quant: str):
     """Everything a load of this quant mode runs under."""
     plain_key_renamings()
-    with merged_tie_patterns(quant):
+    with merged_tie_patterns(quant), cached_scheme_fields(quant):
         yield
 
 
@@ -279,6 +282,45 @@ def _autoround_convert_module():
     if version not in _MERGE_TESTED or not {"get_modules_to_not_convert", "search", "compile"} <= names:
         return None
     return convert_model if callable(getattr(convert_model, "get_modules_to_not_convert", None)) else None
+
+
+@contextlib.contextmanager
+def cached_scheme_fields(quant: str):
+    """While loading, auto-round's quantization schemes list their dataclass fields once per class.
+
+    Every `scheme["bits"]` asks `dataclasses.fields` anew (187,807 times at the published layout);
+    a class's fields do not change, so its module gets the same tuple from a cache for the length of
+    our call. Applied only to the tested versions.
+    """
+    schemes = _autoround_schemes_module() if quant == "autoround" else None
+    if schemes is None:
+        yield
+        return
+    known: dict[type, tuple] = {}
+
+    def cached(class_or_instance):
+        cls = class_or_instance if isinstance(class_or_instance, type) else type(class_or_instance)
+        if cls not in known:
+            known[cls] = dataclasses.fields(cls)
+        return known[cls]
+
+    with _SCHEMES_LOCK:
+        schemes.fields = cached
+        try:
+            yield
+        finally:
+            schemes.fields = dataclasses.fields
+
+
+def _autoround_schemes_module():
+    """auto-round's schemes module, if its schemes look their fields up as the cache was checked against."""
+    if _autoround_convert_module() is None:  # not a tested auto-round
+        return None
+    from auto_round import schemes
+
+    scheme = getattr(schemes, "QuantizationScheme", None)
+    names = _code_names(getattr(getattr(scheme, "get_attributes", None), "__code__", None))
+    return schemes if "fields" in names and getattr(schemes, "fields", None) is dataclasses.fields else None
 
 
 def _code_names(code) -> set[str]:

@@ -106,3 +106,20 @@ def test_the_collector_pauses_for_a_load_and_comes_back_as_it_was(tmp_path):
     with pytest.raises(ValueError, match="config.json"):  # a refused load gives it back too
         load_model(str(tmp_path))
     assert gc.isenabled()
+
+
+def test_auto_round_schemes_answer_the_same_from_cached_fields():
+    import dataclasses
+
+    from auto_round import schemes
+
+    plain = schemes.QuantizationScheme(bits=4, group_size=64)
+    before = (plain.get_attributes(), list(plain.items()), plain["group_size"], plain.get("act_bits", "none"))
+    with patches.cached_scheme_fields("autoround"):
+        assert schemes.fields is not dataclasses.fields  # the tested auto-round is patched
+        assert schemes.fields(plain) is schemes.fields(schemes.QuantizationScheme)  # one tuple per class
+        during = (plain.get_attributes(), list(plain.items()), plain["group_size"], plain.get("act_bits", "none"))
+    assert during == before
+    assert schemes.fields is dataclasses.fields
+    with patches.cached_scheme_fields("none"):  # a plain load leaves auto-round alone
+        assert schemes.fields is dataclasses.fields
