@@ -5,6 +5,12 @@ or a thought channel may open), THOUGHT (inside the channel: anything but EOS, u
 the thought is not constrained) and DONE (EOS written from an accepting state: what follows is
 padding, never part of the answer). `dist` is the fewest tokens from a state to DONE, so a run
 knows whether an answer can still end in the positions left.
+
+outlines-core drops what follows a complete match inside an alternation: from `(six|sixteen)` it
+builds no way past `six` to `sixteen`, as if the shorter answer ended the search. So the regex is
+compiled with an end marker after it (a NUL byte, written by a token of our own that no model
+writes): the only complete matches are whole answers plus the marker, and a state may end the
+answer (take EOS) exactly where the marker token leads to an outlines-core final state.
 """
 
 from __future__ import annotations
@@ -16,20 +22,26 @@ from .constraint_vocab import token_bytes
 from .errors import InputError
 
 START, THOUGHT, DONE = -1, -2, -3
+END = "\\x{0}"  # the end marker in outlines-core's regex syntax
+END_BYTE = b"\x00"
 
 
 class Automaton:
-    """Token transitions of one constraint for one tokenizer; `next_state` is memoised."""
+    """Token transitions of one constraint for one tokenizer; `next_state` is memoised.
 
-    def __init__(self, index, eos_ids, channel_ids, pad_id: int):
+    `finals` are the states where the answer may end: the end marker token `end` completes it there.
+    """
+
+    def __init__(self, index, eos_ids, channel_ids, pad_id: int, end: int):
         self.index = index
         self.initial = index.get_initial_state()
-        self.finals = frozenset(index.get_final_states())
+        transitions, complete = index.get_transitions(), frozenset(index.get_final_states())
+        self.finals = frozenset(s for s, moves in transitions.items() if moves.get(end) in complete)
         self.eos = frozenset(eos_ids)
         self.open, self.close = channel_ids or (None, None)
         self.pad = pad_id
         self._memo: dict = {}
-        self.dist, self.toward = _distances(index.get_transitions(), self.finals)
+        self.dist, self.toward = _distances(transitions, self.finals, end)
         self.dist[DONE] = 0
         self.dist[START] = self.dist.get(self.initial, math.inf)
         self.dist[THOUGHT] = self.dist[START] + 1
@@ -37,14 +49,17 @@ class Automaton:
     @classmethod
     def build(cls, outlines_core, regex: str, dm) -> Automaton:
         tok = dm.tokenizer
-        vocab = outlines_core.Vocabulary(int(dm.eos_ids[0]), token_bytes(tok))
+        pieces = token_bytes(tok)
+        end = max(max(ids) for ids in pieces.values()) + 1  # an id past the vocabulary: never a model's token
+        pieces[END_BYTE] = [*pieces.get(END_BYTE, []), end]
+        vocab = outlines_core.Vocabulary(int(dm.eos_ids[0]), pieces)
         try:
-            index = outlines_core.Index(regex, vocab)
+            index = outlines_core.Index(f"(?:{regex}){END}", vocab)
         except ValueError as err:
             raise InputError("constraint", f"the constraint cannot be compiled for this model's tokenizer: "
                                            f"{str(err).splitlines()[0][:300]}") from None
         pad = tok.pad_token_id if tok.pad_token_id is not None else int(dm.eos_ids[0])
-        return cls(index, dm.eos_ids, dm.channel_ids, pad)
+        return cls(index, dm.eos_ids, dm.channel_ids, pad, end)
 
     def next_state(self, state: int, token: int):
         """The state after writing `token` in `state`, or None where the constraint forbids it."""
@@ -94,11 +109,11 @@ class Automaton:
         return token, nxt
 
 
-def _distances(transitions: dict, finals) -> tuple[dict, dict]:
+def _distances(transitions: dict, finals, end: int) -> tuple[dict, dict]:
     """(fewest tokens to DONE per state, (token, next state) one step closer) by a backward search."""
     succ = {}
     for state, moves in transitions.items():
-        ways = {nxt: token for token, nxt in moves.items()}
+        ways = {nxt: token for token, nxt in moves.items() if token != end}
         ways.pop(state, None)  # a loop never brings the end closer (EOS loops on accepting states too)
         succ[state] = ways
     before: dict = {}

@@ -141,6 +141,16 @@ def _checked_regex(text: str) -> str:
     if re.search(r"\(\?[=!<]|\\[1-9]", text):
         raise InputError("constraint", f"the regex {text[:80]!r} uses lookaround or a backreference, which a "
                                        "finite automaton cannot enforce; rewrite it without them")
+    return _unanchored(text)
+
+
+def _unanchored(text: str) -> str:
+    """The answer always matches whole, so an outer ^ and $ add nothing; the compiler cannot take them."""
+    if text.startswith("^"):
+        text = text[1:]
+    body = text[:-1]
+    if text.endswith("$") and (len(body) - len(body.rstrip("\\"))) % 2 == 0:  # not an escaped \$
+        text = body
     return text
 
 

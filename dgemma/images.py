@@ -8,16 +8,20 @@ Colour is each position's state (dgemma/states.py): settled bright, new amber, n
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 import mmap
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from .caption import trace_captions
 from .fonts import BLANK, SUBSTITUTE, GlyphAtlas, default_atlas
 from .states import CONSTRAINED, NEW, NOISE, PALETTE, PINNED, SETTLED
+from .textlayout import TextLayout
 
 # Per-cell colour states: the position states, then the caption's own.
 CAPTION = len(PALETTE)
@@ -33,6 +37,26 @@ NEWLINE_MARK = "\u21b5"   # shows a newline inline when line breaks would not fi
 UNIT_CACHE_LIMIT = 200_000
 LEGEND = (("new", NEW), (" settled", SETTLED), (" noise", NOISE))
 LEGEND_PINNED = LEGEND + ((" pinned", PINNED),)  # only a run with pins shows it
+ASKED_ROWS = 2            # the header's lines for what was asked: the prompt, after the image's thumbnail
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a run was asked, for the frames' header: the prompt, and the image's thumbnail pixels."""
+
+    prompt: str
+    thumbnail: np.ndarray | None = None  # (h <= ASKED_ROWS cells, w, 3) uint8
+
+    @classmethod
+    def of(cls, prompt: str, image: dict | None) -> Asked:
+        """From a run's prompt and image record (a RunConfig's, or a run log header's)."""
+        thumb = (image or {}).get("thumbnail")
+        if thumb is None:
+            return cls(prompt)
+        from PIL import Image
+
+        pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(thumb))).convert("RGB"))
+        return cls(prompt, pixels)
 
 
 def _lut() -> np.ndarray:
@@ -41,70 +65,6 @@ def _lut() -> np.ndarray:
     a = np.arange(256, dtype=np.float32)[:, None] / 255.0
     rows = [np.rint(bg + a * (np.array(COLOURS[s], np.float32) - bg)) for s in sorted(COLOURS)]
     return np.stack(rows).astype(np.uint8)
-
-
-class TextLayout:
-    """Cells of one frame's text, filled row by row: words wrap whole, long runs break."""
-
-    def __init__(self, cols: int, wide_left):
-        self.cols, self.wide_left = cols, wide_left
-        self.tiles: list[int] = []
-        self.owner: list[int] = []
-        self.col = 0
-        self.soft = False  # the current row began by wrapping, not at a newline
-        self.word_tiles: list[int] = []
-        self.word_owner: list[int] = []
-        self.newline(False)
-
-    def newline(self, wrapped: bool) -> None:
-        self.tiles.extend([BLANK] * self.cols)
-        self.owner.extend([-1] * self.cols)
-        self.col, self.soft = 0, wrapped
-
-    def place(self, tl, ow, start: int, stop: int) -> None:
-        """Put cells tl[start:stop] at the cursor; slices, not cells, go in one row at a time."""
-        cols = self.cols
-        while start < stop:
-            if self.col >= cols:
-                self.newline(True)
-            take = min(cols - self.col, stop - start)
-            if take < stop - start and tl[start + take - 1] in self.wide_left:
-                take -= 1  # both halves of a wide character stay on one row
-                if take == 0:
-                    self.newline(True)
-                    continue
-            at = len(self.tiles) - cols + self.col
-            self.tiles[at:at + take] = tl[start:start + take]
-            self.owner[at:at + take] = ow[start:start + take]
-            self.col += take
-            start += take
-
-    def add_word(self, chunk, pos: int) -> None:
-        self.word_tiles.extend(chunk)
-        self.word_owner.extend([pos] * len(chunk))
-
-    def flush(self) -> None:
-        """Place the pending word: on a fresh row if it fits there, else broken at token boundaries."""
-        tiles, owner, n = self.word_tiles, self.word_owner, len(self.word_tiles)
-        if not n:
-            return
-        if self.col + n > self.cols and 0 < self.col and n <= self.cols:
-            self.newline(True)
-        start = 0
-        while n - start > self.cols - self.col:
-            room = self.cols - self.col
-            if room <= 1:
-                self.newline(True)
-                continue
-            cut = next((j for j in range(start + room, start + room // 2, -1) if owner[j] != owner[j - 1]),
-                       start + room)
-            self.place(tiles, owner, start, cut)
-            start = cut
-            if self.col:  # place() may already have wrapped to keep a wide character whole
-                self.newline(True)
-        self.place(tiles, owner, start, n)
-        tiles.clear()
-        owner.clear()
 
 
 class FrameRenderer:
@@ -122,11 +82,39 @@ class FrameRenderer:
         self._strips = {np.uint8: np.zeros((0, self.atlas.cell_w * 3), np.uint8)}
         self._newline_tiles = self.atlas.tiles(NEWLINE_MARK)
 
-    def size(self, rows: int | None = None) -> tuple[int, int]:
-        """(height, width) in pixels of a frame whose text area has `rows` rows."""
+    def size(self, rows: int | None = None, asked: bool = False) -> tuple[int, int]:
+        """(height, width) in pixels of a frame whose text area has `rows` rows (and an asked band)."""
         a = self.atlas
         rows = self.base_rows if rows is None else rows
-        return (2 * MARGIN_Y + a.cell_h * (rows + 1) + CAPTION_GAP, a.cell_w * (self.cols + 2))
+        return self.text_top(asked) + a.cell_h * rows + MARGIN_Y, a.cell_w * (self.cols + 2)
+
+    def text_top(self, asked: bool) -> int:
+        band = ASKED_ROWS * self.atlas.cell_h + CAPTION_GAP if asked else 0
+        return MARGIN_Y + self.atlas.cell_h + CAPTION_GAP + band
+
+    def asked_cells(self, asked: Asked) -> np.ndarray:
+        """(ASKED_ROWS, cols + 2) cell codes: "asked:" and the prompt, words wrapped, cut with an ellipsis,
+        right of room kept for the thumbnail."""
+        skip = 0 if asked.thumbnail is None else -(-asked.thumbnail.shape[1] // self.atlas.cell_w) + 1
+        width = self.cols - skip
+        text = TextLayout(width, self.atlas.wide_left)
+        for chunk in self.chunks(" ".join(f"asked: {asked.prompt}".split())):
+            if chunk.__class__ is tuple:
+                text.add_word(chunk, 0)
+                continue
+            text.flush()
+            if text.col < width and not (text.col == 0 and text.soft):
+                text.place([BLANK], [0], 0, 1)
+        text.flush()
+        tiles = np.full(ASKED_ROWS * width, BLANK, np.int64)
+        got = text.tiles[:len(tiles)]
+        tiles[:len(got)] = got
+        if any(t != BLANK for t in text.tiles[len(tiles):]):  # cut: an ellipsis after the last word shown
+            shown = np.flatnonzero(tiles != BLANK)
+            tiles[min(shown[-1] + 1, len(tiles) - 1) if len(shown) else 0] = self.atlas.tiles("\u2026")[0]
+        cells = np.zeros((ASKED_ROWS, self.cols + 2), np.int64)
+        cells[:, 1 + skip:-1] = tiles.reshape(ASKED_ROWS, width) * N_STATES + CAPTION
+        return cells
 
     def units(self, text: str) -> tuple[int, ...]:
         """Cell codes of one token string: tile ids, SPACE and NEWLINE; computed once per string."""
@@ -245,7 +233,7 @@ class FrameRenderer:
         return self._strips[dtype]
 
     def paint(self, tiles: list[int], owner: list[int], states: np.ndarray, caption_tiles: list[int],
-              caption_states: list[int], rows: int, out: np.ndarray, strips: np.ndarray) -> None:
+              caption_states: list[int], rows: int, out: np.ndarray, strips: np.ndarray, top: int) -> None:
         """Paint one frame's cells into `out` (H, W, 3), whose vertical margins are already set."""
         cols = self.cols
         body = np.zeros(rows * cols, np.int64)
@@ -258,7 +246,7 @@ class FrameRenderer:
         cap = np.zeros((1, cols + 2), np.int64)
         cap[0, 1:len(caption_tiles) + 1] = np.asarray(caption_tiles, np.int64) * N_STATES + caption_states
         self._gather(out, MARGIN_Y, cap, strips)
-        self._gather(out, MARGIN_Y + self.atlas.cell_h + CAPTION_GAP, cells, strips)
+        self._gather(out, top, cells, strips)
 
     def _gather(self, out: np.ndarray, y0: int, cells: np.ndarray, strips: np.ndarray) -> None:
         h = self.atlas.cell_h
@@ -268,8 +256,10 @@ class FrameRenderer:
         np.take(strips, index, axis=0, out=target, mode="clip")
 
     def render(self, canvases: Sequence[Sequence[str]], states: Sequence[np.ndarray],
-               captions: Sequence[Sequence[tuple[str, int]]], legend: bool = True, dtype=np.uint8) -> np.ndarray:
-        """(B, H, W, 3) frames for B canvases (token strings), all the same size.
+               captions: Sequence[Sequence[tuple[str, int]]], legend: bool = True, dtype=np.uint8,
+               asked: Asked | None = None) -> np.ndarray:
+        """(B, H, W, 3) frames for B canvases (token strings), all the same size; `asked` adds a
+        header band with the prompt and the image's thumbnail.
 
         uint8, or float32 in 0..1 (ComfyUI's IMAGE values) painted directly with no second pass.
         The size is the base size for the canvas length unless some frame needs more rows even
@@ -285,17 +275,29 @@ class FrameRenderer:
         layouts = [self.fit(tokens) for tokens in canvases]
         caption_rows = [self.caption_cells(cap, legend) for cap in captions]  # may add glyphs too
         rows = max([self.base_rows] + [len(t) // self.cols for t, _ in layouts])
-        h, w = self.size(rows)
+        band = None if asked is None else self.asked_cells(asked)  # before the strips: it may add glyphs
+        h, w = self.size(rows, asked is not None)
         dtype = np.dtype(dtype).type
         strips = self.strips(dtype)
         out = _empty((len(canvases), h, w, 3), dtype)
-        text_top = MARGIN_Y + self.atlas.cell_h + CAPTION_GAP
-        for ys in (slice(0, MARGIN_Y), slice(text_top - CAPTION_GAP, text_top),
-                   slice(text_top + rows * self.atlas.cell_h, None)):
-            out[:, ys] = strips[0, :3]  # tile BLANK in state NOISE: the background colour
+        cell_h, top = self.atlas.cell_h, self.text_top(asked is not None)
+        out[:, :MARGIN_Y] = strips[0, :3]  # tile BLANK in state NOISE: the background colour
+        out[:, MARGIN_Y + cell_h:top] = strips[0, :3]
+        out[:, top + rows * cell_h:] = strips[0, :3]
         for i, ((tiles, owner), st, (ct, cs)) in enumerate(zip(layouts, states, caption_rows)):
-            self.paint(tiles, owner, np.asarray(st, np.uint8), ct, cs, rows, out[i], strips)
+            self.paint(tiles, owner, np.asarray(st, np.uint8), ct, cs, rows, out[i], strips, top)
+        if band is not None:
+            self._paint_asked(out, band, asked.thumbnail, strips)
         return out
+
+    def _paint_asked(self, out: np.ndarray, band: np.ndarray, thumbnail, strips: np.ndarray) -> None:
+        y0 = MARGIN_Y + self.atlas.cell_h + CAPTION_GAP
+        for i in range(len(out)):
+            self._gather(out[i], y0, band, strips)
+        if thumbnail is not None:
+            th, tw = thumbnail.shape[:2]
+            pixels = thumbnail if out.dtype == np.uint8 else thumbnail.astype(np.float32) / np.float32(255.0)
+            out[:, y0:y0 + th, self.atlas.cell_w:self.atlas.cell_w + tw] = pixels
 
 
 def _empty(shape: tuple, dtype) -> np.ndarray:
@@ -330,22 +332,23 @@ def captions(trace) -> list[list[tuple[str, int]]]:
     return [[(c.text(), CAPTION)] for c in trace_captions(trace)]
 
 
-def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtype=np.uint8) -> np.ndarray:
-    """(S, H, W, 3) images, one per executed step of a CanvasTrace; uint8 unless dtype says."""
+def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtype=np.uint8,
+                  asked: Asked | None = None) -> np.ndarray:
+    """(S, H, W, 3) images, one per executed step of a CanvasTrace; uint8 unless dtype says; `asked`
+    (the run's prompt and image) heads every frame, so a GIF shared alone says what was asked."""
     canvases = [[token_strings[i] for i in row] for row in trace.ids.tolist()]
     r = renderer(trace.canvas_length)
     if not canvases:
-        return np.zeros((0, *r.size(), 3), dtype)
+        return np.zeros((0, *r.size(asked=asked is not None), 3), dtype)
     if legend and trace.pinned_bits is not None:
         legend = LEGEND_PINNED
     if legend and trace.constrained_bits is not None:
         legend = (LEGEND if legend is True else legend) + ((" constrained", CONSTRAINED),)
-    return r.render(canvases, trace.states(), captions(trace),
-                    legend=legend, dtype=dtype)
+    return r.render(canvases, trace.states(), captions(trace), legend=legend, dtype=dtype, asked=asked)
 
 
-def render_images(trace, token_strings: Sequence[str]):
+def render_images(trace, token_strings: Sequence[str], asked: Asked | None = None):
     """The sampler's `images`: ComfyUI's IMAGE, torch float32 (S, H, W, 3) in 0..1, painted directly."""
     import torch
 
-    return torch.from_numpy(render_frames(trace, token_strings, dtype=np.float32))
+    return torch.from_numpy(render_frames(trace, token_strings, dtype=np.float32, asked=asked))

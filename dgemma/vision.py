@@ -7,7 +7,9 @@ placeholders in the encoder prefill. The canvas never holds image tokens.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,7 +120,23 @@ def record(arrays: list[np.ndarray]) -> dict:
         digest.update(f"{a.shape}".encode())
         digest.update(a.tobytes())
     return {"count": len(arrays), "sizes": [[int(a.shape[1]), int(a.shape[0])] for a in arrays],
-            "sha256": digest.hexdigest()[:16]}
+            "sha256": digest.hexdigest()[:16], "thumbnail": thumbnail(arrays[0]) if arrays else None}
+
+
+THUMB_H = 24  # pixels: two text rows of a frame's header
+
+
+def thumbnail(pixels: np.ndarray) -> str:
+    """The first image, THUMB_H pixels high (at most twice as wide), as base64 PNG: small enough for
+    the run config and run log, so frames replayed from a log show it too."""
+    from PIL import Image
+
+    h, w = pixels.shape[:2]
+    size = (max(1, min(2 * THUMB_H, round(THUMB_H * w / h))), THUMB_H)
+    out = io.BytesIO()
+    Image.fromarray(pixels).resize(size, Image.Resampling.BOX).save(out, "PNG", optimize=True)
+    return base64.b64encode(out.getvalue()).decode()
+
 
 
 def image_record(image) -> dict | None:

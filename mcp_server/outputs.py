@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..dgemma.images import render_frames
+from ..dgemma.images import Asked, render_frames
 from ..dgemma.outfiles import save_new
 from ..dgemma.runlog import records, write_jsonl
 from ..dgemma.tokens import frame_texts
@@ -31,7 +31,7 @@ def write_runlog(dm, result, output_dir: Path) -> Path:
 def write_gif(dm, result, output_dir: Path) -> Path:
     from PIL import Image
 
-    frames = render_frames(result.trace, dm.token_strings)
+    frames = render_frames(result.trace, dm.token_strings, asked=Asked.of(result.config.prompt, result.config.image))
     if not len(frames):
         raise ValueError("the run executed no steps, so there is no frame to put in a GIF")
     pictures = [Image.fromarray(f) for f in frames]

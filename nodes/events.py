@@ -47,11 +47,13 @@ class StepStream:
         self.previous = None
         self.count = 0  # steps sent, all blocks together
 
-    def start(self, resumed=None) -> dict:
+    def start(self, resumed=None, asked: dict | None = None) -> dict:
         """The run's start; a resumed run (its `Recorded` steps) also carries where it resumes, so the
-        view continues from it."""
+        view continues from it. `asked` (prompt, image thumbnail as base64 PNG) heads the view."""
         event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
                  "canvas_length": self.canvas_length, "palette": hex_palette(), "states": list(NAMES)}
+        if asked is not None:
+            event["asked"] = {"prompt": asked["prompt"][:MAX_TEXT], "thumbnail": asked.get("thumbnail")}
         if resumed is not None and resumed.rows:
             frames = resumed.last_frames(self.canvas_length)
             self.previous = frames[0] if len(frames) > 1 and frames[0].block == frames[1].block else None

@@ -6,6 +6,7 @@ events go nowhere, progress is silent, nothing interrupts, folders default to th
 
 from __future__ import annotations
 
+import html
 import os
 import time
 from pathlib import Path
@@ -57,6 +58,20 @@ class Progress:
             self._bar.update_absolute(value)
 
 
+# ComfyUI 0.8's frontend shows progress text as markup: the classic renderer puts it in a
+# `word-break: break-all` box as HTML (newlines become <br>), the Vue renderer as Markdown. So the text
+# is escaped (a token such as <pad> would vanish as a tag), each line ends in a Markdown hard break, and
+# one span wraps at spaces again (a run without spaces, such as the canvas, still breaks where it must).
+_WRAP_AT_SPACES = '<span style="word-break:normal;overflow-wrap:anywhere">'
+_MARKDOWN = str.maketrans({c: f"&#{ord(c)};" for c in "\\*_`[]~#"})
+
+
+def node_text(text: str) -> str:
+    """`text` as the frontend's progress text: shown as written, lines kept, wrapped at spaces."""
+    lines = html.escape(text, quote=False).translate(_MARKDOWN).split("\n")
+    return _WRAP_AT_SPACES + "  \n".join(lines) + "</span>"
+
+
 class ProgressText:
     """A short text shown on the node by ComfyUI itself (send_progress_text), which every renderer
     draws, at most once per `every` seconds so a fast model does not flood the websocket."""
@@ -73,7 +88,7 @@ class ProgressText:
         now = time.monotonic()
         if force or now - self.last >= self.every:
             self.last = now
-            instance.send_progress_text(text, str(self.node_id), instance.client_id)
+            instance.send_progress_text(node_text(text), str(self.node_id), instance.client_id)
 
 
 def check_interrupt() -> bool:

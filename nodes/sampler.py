@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ..dgemma.backend import backend_of, constraint_options
-from ..dgemma.images import render_images
+from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
 from ..dgemma.schedulers import Scheduling
 from ..dgemma.tokens import frame_texts
+from ..dgemma.vision import image_record
 from . import host, memory
 from .events import DONE, START, STEP, StepStream
 from .schema import (
@@ -33,7 +34,7 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
 class LiveRun:
     """What one node's run shows in ComfyUI: the live view's events, the progress bar and text."""
 
-    def __init__(self, node_id, model, knobs, advanced):
+    def __init__(self, node_id, model, knobs, advanced, prompt: str = "", image=None):
         self.model, self.resume = model, advanced.resume if advanced is not None else None
         blocks = num_blocks(knobs.gen_length, model.canvas_length)
         self.steps = (advanced.scheduling if advanced is not None else Scheduling()).steps(knobs)
@@ -42,10 +43,13 @@ class LiveRun:
                                  model.canvas_length, model.token_strings)
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
         self.live = host.live()
+        self.prompt, self.image = prompt, image
 
     def start(self) -> None:
         if self.live:
-            host.send(START, self.stream.start(self.resume.recorded if self.resume is not None else None))
+            thumb = image_record(self.image)["thumbnail"] if self.image is not None else None
+            host.send(START, self.stream.start(self.resume.recorded if self.resume is not None else None,
+                                               {"prompt": self.prompt, "thumbnail": thumb}))
 
     def frame(self, frame) -> None:
         if self.live:
@@ -77,7 +81,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
         options = constraint_options(model, constraint, knobs.gen_length)
-    view = LiveRun(node_id, model, knobs, advanced)
+    view = LiveRun(node_id, model, knobs, advanced, prompt, image)
     with memory.running(model, node_id) as lease:
         view.start()
         try:
@@ -92,7 +96,7 @@ def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None
             lease.keep()  # a paused canvas keeps the model where it is for the node that resumes it
     view.done(result)
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
-               render_images(result.trace, model.token_strings), result.config)
+               render_images(result.trace, model.token_strings, Asked.of(prompt, result.config.image)), result.config)
     return outputs + ((result.context,) if advance else ())
 
 

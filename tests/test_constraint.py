@@ -71,6 +71,32 @@ def test_demo_answers_valid_over_many_seeds(demo_model, kind, text):
         check_valid(generate(demo_model, f"What is {a}+{b}?", knobs, constraint=Constraint(kind, text)), kind, text)
 
 
+@pytest.mark.parametrize("kind, text, answers", [
+    ("choice", "\n".join(WORDS), WORDS),
+    ("choice", "1\n2\n10\n100", ["1", "10", "100"]),
+    ("regex", "ab(cd)?", ["ab", "abcd"]),
+    ("regex", "^[0-9]{3}-[a-z]{2,4}$", ["123-ab", "123-abcd"]),
+])
+def test_every_answer_can_be_written_even_one_that_extends_another(demo_model, kind, text, answers):
+    from diffusiongemma.dgemma.automaton import DONE, START
+    from diffusiongemma.dgemma.constraint import automaton
+
+    found = automaton(demo_model, Constraint(kind, text))
+    eos = demo_model.eos_ids[0]
+    for answer in answers:
+        ids = demo_model.tokenizer.encode(answer, add_special_tokens=False)
+        assert found.run(START, [*ids, eos]) == DONE, answer
+    assert found.run(START, [*demo_model.tokenizer.encode(answers[0] + "!", add_special_tokens=False), eos]) is None
+
+
+def test_demo_keeps_its_accuracy_on_answers_that_extend_others(demo_model):
+    choice = Constraint("choice", "\n".join(WORDS))
+    for a, b in ((5, 9), (7, 9), (8, 9), (9, 9), (6, 8)):  # fourteen..eighteen: four..eight are answers too
+        knobs = Knobs(**{**DEMO_KNOBS.asdict(), "seed": a * 10 + b})
+        result = generate(demo_model, f"What is {a}+{b}?", knobs, constraint=choice)
+        assert result.text == WORDS[a + b] == generate(demo_model, f"What is {a}+{b}?", knobs).text
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_empty_constraint_leaves_ids_unchanged(tiny_model, scheduler):
     knobs = Knobs(seed=11, num_inference_steps=6, gen_length=300, confidence=0.0)

@@ -92,30 +92,25 @@ def test_ui_examples_are_generated_from_their_api_graphs(path):
     assert json.loads(path.read_text()) == ui_workflow.to_ui(api, template)
 
 
-TITLE = 30  # the frontend draws a node's title bar above its pos
-
-
 @pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
 def test_templates_open_readable_in_a_1600_by_1000_window(path):
-    """The saved view is at least 80 % and the graph fits the free canvas there, clear of the minimap;
-    every node is at least the size the frontend gives it, and no node hides another."""
+    """The saved view is at least 80 % and every node, title and badge included, lies in the free canvas
+    there, clear of the Run toolbar and the minimap; every node is at least the size the frontend gives
+    it, and no node hides another."""
     ui_workflow = _ui_workflow()
     workflow = json.loads(path.read_text())
     view = workflow["extra"]["ds"]
-    scale = view["scale"]
-    left, top, right, bottom = ui_workflow.bounds(workflow)
-    assert scale >= 0.8 and (left, top) == (0, 0)
-    assert right * scale <= ui_workflow.WINDOW[0] and bottom * scale <= ui_workflow.WINDOW[1]
-    assert view["offset"][0] + ui_workflow.WINDOW[0] <= 1600 and view["offset"][1] + bottom * scale <= 130 + \
-        ui_workflow.WINDOW[1]  # WINDOW was measured from an offset of 130
-    for n in workflow["nodes"]:  # clear of the floating Run toolbar
-        right = view["offset"][0] + (n["pos"][0] + n["size"][0]) * scale
-        title_top = view["offset"][1] + (n["pos"][1] - TITLE) * scale
-        assert right <= ui_workflow.TOOLBAR[0] or title_top >= ui_workflow.TOOLBAR[1], (n["type"], n["pos"])
-    boxes = [(n["pos"][0], n["pos"][1] - TITLE, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+    assert view["scale"] >= 0.8 and ui_workflow.bounds(workflow)[:2] == (0, 0)
+    left, top, right, bottom = ui_workflow.FREE
+    for n in workflow["nodes"]:
+        box = ui_workflow.screen_box(n, view)
+        where = (n["type"], n["pos"], [round(v) for v in box])
+        assert left <= box[0] and top <= box[1] and box[2] <= right and box[3] <= bottom, where
+        assert box[2] <= ui_workflow.TOOLBAR[0] or box[1] >= ui_workflow.TOOLBAR[1], where
+        assert box[2] <= ui_workflow.MINIMAP[0] or box[3] <= ui_workflow.MINIMAP[1], where
+    boxes = [(n["pos"][0], n["pos"][1] - ui_workflow.above(n), n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
              for n in workflow["nodes"]]
     for i, a in enumerate(boxes):
-        assert a[2] * scale <= ui_workflow.MINIMAP[0] or a[3] * scale <= ui_workflow.MINIMAP[1], a
         for b in boxes[i + 1:]:
             assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
     for node in workflow["nodes"]:
@@ -123,6 +118,20 @@ def test_templates_open_readable_in_a_1600_by_1000_window(path):
         assert node["size"][0] >= least[0] and node["size"][1] >= least[1], (node["type"], node["size"], least)
     notes = [n["widgets_values"][0] for n in workflow["nodes"] if n["type"] == "Note"]
     assert notes and all(len(text) <= 320 for text in notes)
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_video_combine_shows_the_gif_at_a_readable_size(path):
+    """Video Combine draws the GIF at its width less 20 px: at the saved scale that is READABLE of the
+    frame's own width or more, and the node has the height the preview adds after a run of the demo."""
+    ui_workflow = _ui_workflow()
+    workflow = json.loads(path.read_text())
+    scale = workflow["extra"]["ds"]["scale"]
+    assert ui_workflow.GIF_WIDTH == 576 and ui_workflow.READABLE >= 0.8
+    for n in (n for n in workflow["nodes"] if n["type"] == "VHS_VideoCombine"):
+        width, height = n["size"]
+        assert (width - 20) * scale >= ui_workflow.READABLE * ui_workflow.GIF_WIDTH, (n["id"], width, scale)
+        assert height >= 252 + (width - 20) * ui_workflow.GIF_HEIGHT / ui_workflow.GIF_WIDTH - 0.5, (n["id"], height)
 
 
 @pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)

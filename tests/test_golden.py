@@ -19,7 +19,7 @@ import pytest
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.context import encode_context
 from diffusiongemma.dgemma.demo import colour_image
-from diffusiongemma.dgemma.images import render_frames
+from diffusiongemma.dgemma.images import Asked, render_frames
 from diffusiongemma.dgemma.resume import Advanced
 from diffusiongemma.dgemma.runlog import records
 from diffusiongemma.dgemma.schedulers import Scheduling
@@ -62,7 +62,8 @@ def facts(dm, result, live: list, stream_events: list) -> dict:
               "knob_index")
     out = {"raw_ids": list(state.raw_ids), "text": state.text,
            "canvas_state": _scrub(state.asdict()), "frames": digest(texts),
-           "images": digest(render_frames(trace, dm.token_strings)),
+           "images": digest(render_frames(trace, dm.token_strings,
+                                          asked=Asked.of(result.config.prompt, result.config.image))),
            "trace": {name: digest(getattr(trace, name)) for name in arrays},
            "trace_meta": {"scheduler_name": trace.scheduler_name, "scheduler_config": trace.scheduler_config,
                           "block_stopped_early": list(trace.block_stopped_early),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 
 import fakecomfy
 import pytest
@@ -112,14 +114,37 @@ def test_progress_text_under_the_node_each_step_then_the_answer(tmp_path, demo, 
     advanced = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
     with fakecomfy.installed(tmp_path) as comfy:
         (text, state, *_), _ = call(Sampler, model=demo, prompt="What is 3+4?", **KNOBS)
-        lines = [t for node, t in comfy.text if node == "17"]
+        lines = [shown(t) for node, t in comfy.text if node == "17"]
         assert len(lines) == state.steps_used + 1
         assert lines[0].startswith("block 1/≤1  step 1/≤48  T ") and "  committed " in lines[0].split("\n")[0]
         assert lines[-1] == f"done · {state.steps_used} steps\n{text}" and text == "seven"
         comfy.text.clear()
         window = dict(KNOBS, scheduler="entropy_bound", pins="")
         (_, paused, *_), _ = call(advanced, model=demo, prompt="What is 3+4?", start_step=0, end_step=4, **window)
-        assert paused.paused and comfy.text[-1][1].startswith("paused after 4 steps")
+        assert paused.paused and shown(comfy.text[-1][1]).startswith("paused after 4 steps")
+
+
+def shown(markup: str) -> str:
+    """What the frontend shows of a progress text: its span's text, markup decoded, line breaks kept."""
+    inner = re.fullmatch(r'<span style="word-break:normal;overflow-wrap:anywhere">(.*)</span>', markup, re.S)
+    assert inner and "<" not in inner[1] and ">" not in inner[1], markup  # nothing the page reads as a tag
+    return html.unescape(inner[1].replace("  \n", "\n"))
+
+
+def test_progress_text_wraps_at_spaces_and_shows_tokens_as_written(tmp_path, demo, monkeypatch):
+    """ComfyUI 0.8 renders progress text as HTML in a break-all box (classic) or as Markdown (Vue): the
+    text must restore word wrapping, escape what reads as markup and end each line in a hard break."""
+    monkeypatch.setattr(host.ProgressText, "every", 0.0)
+    with fakecomfy.installed(tmp_path) as comfy:
+        (text, state, *_), _ = call(Sampler, model=demo, prompt="What is 3+4?", **KNOBS)
+        markup = [t for node, t in comfy.text if node == "17"]
+    assert any("&lt;pad&gt;" in t for t in markup) and all("<pad>" not in t for t in markup)
+    assert all(t.count("\n") == t.count("  \n") for t in markup)  # Markdown keeps only hard breaks
+    assert shown(markup[-1]) == f"done · {state.steps_used} steps\n{text}"
+    odd = host.node_text("a *b* _c_ `d` [e](f) #g \\h ~i~ <eos> & 1 < 2\nline two")
+    assert shown(odd) == "a *b* _c_ `d` [e](f) #g \\h ~i~ <eos> & 1 < 2\nline two"
+    bare = re.sub(r"&#?\w+;", "", odd.split(">", 1)[1].rsplit("<", 1)[0])  # the text less its references
+    assert not set(bare) & set("*_`[]~#\\<>&")  # nothing Markdown or HTML would read as syntax
 
 
 def test_interrupt_stops_within_a_step_and_the_rerun_is_whole(tmp_path, demo):

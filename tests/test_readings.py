@@ -92,10 +92,43 @@ def test_runlog_replay_as_apng_or_webp_is_pixel_identical(demo_model, tmp_path):
     spec = importlib.util.spec_from_file_location("runlog_gif", REPO / "tools" / "runlog_gif.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    want = images.render_frames(result.trace, demo_model.token_strings)
+    want = images.render_frames(result.trace, demo_model.token_strings, asked=images.Asked("What is 2+5?"))
     distinct = [f for i, f in enumerate(want) if i == 0 or not np.array_equal(f, want[i - 1])]
     for name in ("run.png", "run.webp"):
         assert tool.main([str(log), str(tmp_path / name)]) == 0
         with Image.open(tmp_path / name) as anim:
             got = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(anim)]
         assert len(got) == len(distinct) and all(np.array_equal(a, b) for a, b in zip(got, distinct)), name
+
+
+def test_frames_say_what_was_asked_and_a_replayed_log_shows_it_too(demo_model, tmp_path):
+    import fakecomfy  # noqa: F401
+    from executor import call
+    from PIL import Image
+
+    from diffusiongemma import NODE_CLASS_MAPPINGS
+    from diffusiongemma.dgemma.demo import IMAGE_QUESTION, colour_image
+
+    knobs = dict(seed=1, num_inference_steps=12, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.9,
+                 gen_length=32, thinking=False)
+    out, _ = call(NODE_CLASS_MAPPINGS["DGemmaSampler"], model=demo_model, prompt=IMAGE_QUESTION,
+                  image=colour_image("red", 64, 48), **knobs)
+    shown = np.rint(out[4].numpy() * 255).astype(np.uint8)
+    bare = images.render_frames(out[2], demo_model.token_strings)
+    assert shown.shape[1] > bare.shape[1]  # a header band: the prompt and the image's thumbnail
+    band = shown[0, 20:44]
+    assert ((band[..., 0] > 200) & (band[..., 1] < 60) & (band[..., 2] < 60)).sum() > 24 * 24  # the red thumbnail
+    asked_only = images.render_frames(out[2], demo_model.token_strings, asked=images.Asked(IMAGE_QUESTION))
+    assert not np.array_equal(asked_only[:, 20:44, 60:], bare[:, 20:44, 60:])  # the prompt's text is painted
+    log = write_jsonl(records(out[2], out[5], out[1], out[3]), tmp_path, "run")
+    spec = importlib.util.spec_from_file_location("runlog_gif", REPO / "tools" / "runlog_gif.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([str(log), str(tmp_path / "run.png")]) == 0
+    with Image.open(tmp_path / "run.png") as apng:
+        replayed = []
+        for i in range(apng.n_frames):
+            apng.seek(i)
+            replayed.append(np.asarray(apng.convert("RGB")))
+    distinct = [f for i, f in enumerate(shown) if i == 0 or not np.array_equal(f, shown[i - 1])]
+    assert np.array_equal(np.stack(replayed), np.stack(distinct))

@@ -97,9 +97,13 @@ def test_an_image_alone_is_a_turn(tiny_model, encoder_calls):
 
 
 def test_run_config_and_run_log_record_the_image_not_its_pixels(tiny_model):
+    from diffusiongemma.dgemma.images import Asked
+
     result = generate(tiny_model, "What colour is this?", FAST, image=red(96, 48))
     record = result.config.image
-    assert set(record) == {"count", "sizes", "sha256"} and record["sizes"] == [[96, 48]]
+    assert set(record) == {"count", "sizes", "sha256", "thumbnail"} and record["sizes"] == [[96, 48]]
+    thumb = Asked.of("q", record).thumbnail  # a 24-pixel-high picture for the frames' header, no more
+    assert thumb.shape == (24, 48, 3) and (thumb[..., 0] > 200).all() and (thumb[..., 1:] < 50).all()
     assert record == prepare_images(tiny_model, red(96, 48)).record
     assert record["sha256"] != prepare_images(tiny_model, colour_image("blue", 96, 48)).record["sha256"]
     header = records(result.trace, result.config, result.state, frame_texts(result.trace, tiny_model.token_strings))[0]

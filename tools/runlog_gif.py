@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from diffusiongemma.dgemma.images import render_frames  # noqa: E402
+from diffusiongemma.dgemma.images import Asked, render_frames  # noqa: E402
 from diffusiongemma.dgemma.runlog import read_log, replay  # noqa: E402
 
 FORMATS = {".png": ("PNG", {}), ".webp": ("WEBP", {"lossless": True}), ".gif": ("GIF", {})}
@@ -45,11 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.fps <= 50:
         parser.error(f"--fps must be above 0 and at most 50, got {args.fps}")
     try:
-        trace = replay(*read_log(args.log))
+        header, steps = read_log(args.log)
+        trace = replay(header, steps)
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"runlog_gif: {args.log}: {e}", file=sys.stderr)
         return 2
-    write_gif(render_frames(trace, trace.token_strings), args.out, args.fps)
+    asked = Asked.of(header.get("prompt", ""), header.get("image"))
+    write_gif(render_frames(trace, trace.token_strings, asked=asked), args.out, args.fps)
     print(f"wrote {args.out} ({len(trace)} frames)")
     return 0
 

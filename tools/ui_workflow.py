@@ -16,20 +16,36 @@ sys.path.insert(0, str(REPO))
 from headless import load_pack  # noqa: E402
 
 load_pack()
+from diffusiongemma.dgemma.images import renderer  # noqa: E402
 from diffusiongemma.runner.execute import CLASSES  # noqa: E402
 from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 
 # Each template: its API graph (example_workflows/api/), where each node sits (x, y, width, height)
-# and short notes. Measured in ComfyUI 0.8 (frontend 1.35.9, classic renderer) in a 1600x1000 window:
-# the canvas that the page's panels leave free, in screen px from the view's offset, is WINDOW, less
-# the lower right corner from MINIMAP on, which the minimap covers. A template fits there at its saved
-# scale (>= 0.8), so it opens readable without zooming.
-WINDOW = (1480, 780)
-MINIMAP = (1250, 600)
-# The floating Run toolbar (and the progress line under it) covers the top right: screen x past
-# TOOLBAR[0] down to TOOLBAR[1]. A node title reaching past x must start below it.
-TOOLBAR = (1260, 128)
-VIEW = {"scale": 1.0, "offset": [80, 170]}  # where it opens: below the Run bar, right of the sidebar
+# and short notes. Measured in ComfyUI 0.8 (frontend 1.35.9, classic renderer) in a 1600x1000 window,
+# in screen px; the frontend draws canvas point p at (p + offset) * scale. A template opens at its saved
+# scale (>= 0.8) with every node, its title and its source badge inside FREE (left, top, right, bottom:
+# right of the sidebar, below the tab bar and the workflow's name, above the stats in the lower left),
+# clear of the floating Run toolbar and the "1 job completed" line under it (x past TOOLBAR[0], y above
+# TOOLBAR[1]) and of the minimap (x past MINIMAP[0], y below MINIMAP[1]).
+FREE = (60, 110, 1560, 910)
+TOOLBAR = (1240, 128)
+MINIMAP = (1340, 740)
+TITLE, BADGE = 30, 20  # canvas px above a node's pos: its title bar, then a custom node's source badge
+VIEW = {"scale": 1.0, "offset": [80, 180]}  # where a template opens unless it says otherwise
+
+
+def above(node: dict) -> int:
+    """Canvas px the frontend draws above a node's pos: the title, and the badge naming a pack's node."""
+    return TITLE + (BADGE if node["type"].startswith(("DGemma", "VHS_")) else 0)
+
+
+def screen_box(node: dict, view: dict) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) in screen px of a node with its title and badge, at the saved view."""
+    (ox, oy), scale = view["offset"], view["scale"]
+    x, y, w, h = *node["pos"], *node["size"]
+    return (x + ox) * scale, (y - above(node) + oy) * scale, (x + w + ox) * scale, (y + h + oy) * scale
+
+
 # The smallest size the frontend gives each node, measured there: on load it enlarges smaller nodes to
 # this, and a sampler grows by the progress line under it once it runs (included here). Video Combine
 # grows by its GIF preview after a run, so a template leaves room below it.
@@ -38,6 +54,18 @@ MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaRemoteLoader": (210, 130),
             "DGemmaEncode": (283, 128), "DGemmaTrace": (210, 126), "DGemmaSamplerAdvanced": (289, 892),
             "PreviewAny": (210, 112), "PreviewImage": (140, 26), "EmptyImage": (210, 130),
             "VHS_VideoCombine": (210, 238), "Note": (210, 88)}
+# Video Combine draws its GIF at the node's width less 20 px, as tall as the frame's aspect asks, under
+# 252 px of widgets and margins. A template gives it a width that shows the frame at READABLE of its own
+# size or more at the saved scale (its 6 px cells are hard to read smaller), and the height it takes after
+# a run of the demo model, whose canvas is 32 positions, under the header saying what was asked.
+GIF_HEIGHT, GIF_WIDTH = renderer(32).size(asked=True)
+READABLE = 0.8
+
+
+def video_combine(x: int, y: int, width: int) -> tuple[int, int, int, int]:
+    return x, y, width, round(252 + (width - 20) * GIF_HEIGHT / GIF_WIDTH)
+
+
 T = {"DGemmaLoader": (340, 200), "DGemmaRemoteLoader": (340, 140),
      "DGemmaSampler": (440, 600), "DGemmaDenoise": (440, 670),
      "DGemmaEncode": (340, 200), "DGemmaTrace": (320, 140), "DGemmaSamplerAdvanced": (420, 892)}
@@ -57,7 +85,7 @@ TEMPLATES = {
             ((820, 420, 320, 180), "3 · Outputs: text is the answer. canvas_state says whether the model "
              "closed its turn and how many steps it took. Knobs: t_max → t_min anneals the temperature; "
              "entropy_bound is what a step may accept; confidence stops a block early."),
-            ((1160, 440, 320, 160), "4 · Trace: a heatmap of positions (columns) × steps (rows) from the "
+            ((1160, 430, 320, 130), "4 · Trace: a heatmap of positions (columns) × steps (rows) from the "
              "scheduler's real committed mask; mode entropy shows its uncertainty."),
         ],
     },
@@ -99,8 +127,8 @@ TEMPLATES = {
     },
     "diffusiongemma_gif": {
         "source": "gif",
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSampler"]),
-                  "3": (820, 0, 360, 520), "4": (1200, 0, 280, 130)},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 588),
+                  "3": video_combine(820, 0, 600), "4": (360, 618, 440, 112)},
         "notes": [
             ((0, 240, 340, 200), "GIF export: the Sampler's images output is every step as one image batch. "
              "Video Combine (VideoHelperSuite) writes it as a GIF or MP4; core SaveAnimatedWEBP works too."),
@@ -119,10 +147,9 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_chain": {
         "source": "advanced_chain",
-        "view": {"scale": 0.84, "offset": [80, 160]},
-        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaSamplerAdvanced"]),
-                  "3": (800, 0, *T["DGemmaSamplerAdvanced"]), "4": (1240, 0, 340, 130),
-                  "5": (1240, 170, 340, 238)},
+        "view": {"scale": 0.84, "offset": [80, 186]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 360, 892), "3": (740, 0, 360, 892),
+                  "4": (1120, 20, 640, 130), "5": video_combine(1120, 200, 640)},
         "notes": [
             ((0, 240, 340, 220), "Two Advanced samplers, one run: the first runs steps [0, 6) and pauses; its "
              "canvas_state carries the unfinished canvas, so the second continues at step 6 from that canvas, "
@@ -131,9 +158,9 @@ TEMPLATES = {
     },
     "diffusiongemma_advanced_infill": {
         "source": "advanced_infill",
-        "view": {"scale": 0.84, "offset": [80, 160]},
+        "view": {"scale": 0.84, "offset": [80, 186]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, 440, 892),
-                  "3": (820, 0, 340, 130), "4": (820, 170, 340, 140), "5": (820, 350, 340, 220)},
+                  "3": (820, 0, 340, 130), "4": (820, 180, 340, 140), "5": (820, 350, 340, 220)},
         "notes": [
             ((0, 240, 340, 220), "Pins hold text in place (blue in every view). ___{1} is one free position, "
              "___ three or more; a line '12: text' pins text at a position. The model fills the blanks and "
@@ -142,31 +169,30 @@ TEMPLATES = {
     },
     "diffusiongemma_structured": {
         "source": "structured",
-        "view": {"scale": 0.8, "offset": [80, 170]},
+        "view": {"scale": 0.8, "offset": [80, 210]},
         "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (360, 0, *T["DGemmaDenoise"]),
                   "4": (820, 0, *T["DGemmaSamplerAdvanced"]), "3": (1260, 0, 320, 112),
                   "5": (1260, 150, 320, 112), "6": (1260, 300, 320, 250)},
         "notes": [
-            ((0, 240, 340, 300), "Every answer satisfies its constraint. Left, a choice (one option per line): the "
+            ((0, 240, 340, 300), "Every answer satisfies its constraint. Left, a choice (one per line): the "
              "demo already answers seven, so nothing changes. Right, a JSON Schema: the demo never learned JSON, "
-             "so the constraint writes braces and keys (violet: changed by it). canvas_state says whether it was "
-             "satisfied."),
+             "so the constraint writes braces and keys (violet: changed by it); the word inside is its guess. "
+             "canvas_state says if it held."),
         ],
     },
-    # Three samplers in a row; their GIFs in a column left of the minimap (the only column that reaches
-    # below it), their answers in the column above it. At 0.8 nothing else fits beside three samplers.
+    # Three samplers in a row left of the minimap (the only room that reaches below it), their answers in
+    # the column above it. A Video Combine per sampler would not fit at a size its GIF can be read.
     "diffusiongemma_advanced_schedulers": {
         "source": "advanced_schedulers",
-        "view": {"scale": 0.8, "offset": [80, 170]},
-        "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 320, 892), "3": (660, 0, 320, 892),
-                  "4": (1000, 0, 320, 892), "8": (1340, 0, 220, 238), "9": (1340, 310, 220, 238),
-                  "10": (1340, 620, 220, 238), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),
+        "view": {"scale": 0.8, "offset": [80, 210]},
+        "nodes": {"1": (0, 0, 300, 200), "2": (320, 0, 400, 892), "3": (740, 0, 400, 892),
+                  "4": (1160, 0, 400, 892), "5": (1580, 0, 270, 112), "6": (1580, 160, 270, 112),
                   "7": (1580, 320, 270, 112)},
         "notes": [
             ((0, 240, 300, 300), "One prompt, three diffusers schedulers: entropy_bound (the default), "
              "block_refinement (commits the surest share each step) and discrete_ddim (ancestral DDIM with a "
-             "corrector sweep). Each matches diffusers' pipeline token for token. The GIFs on the right show "
-             "how each one anneals."),
+             "corrector sweep). Each matches diffusers' pipeline token for token; each view shows how it anneals "
+             "(the GIF template saves one)."),
         ],
     },
 }

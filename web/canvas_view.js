@@ -18,6 +18,11 @@ const CSS = `
   font: 12px/1.35 ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; overflow: hidden; }
 .dgemma-view .dg-header { flex: none; padding: 3px 6px; color: #9aa4b2; background: #1d2026;
   white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.dgemma-view .dg-asked { flex: none; display: flex; align-items: center; gap: 6px; padding: 2px 6px;
+  color: #9aa4b2; background: #181b20; white-space: nowrap; overflow: hidden; }
+.dgemma-view .dg-asked[hidden] { display: none; }
+.dgemma-view .dg-asked img { height: 24px; max-width: 48px; image-rendering: pixelated; border-radius: 2px; }
+.dgemma-view .dg-asked span { overflow: hidden; text-overflow: ellipsis; }
 .dgemma-view .dg-body { flex: 1 1 auto; min-height: 0; overflow: auto; padding: 4px 6px;
   white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-all; }
 .dgemma-view .dg-prev { color: #c9ced6; }
@@ -64,6 +69,14 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   root.className = "dgemma-view dg-idle";
   const header = doc.createElement("div");
   header.className = "dg-header";
+  // What was asked: the prompt (and the image's thumbnail), so a screenshot says what the run answers.
+  const asked = doc.createElement("div");
+  asked.className = "dg-asked";
+  asked.hidden = true;
+  const thumb = doc.createElement("img");
+  thumb.alt = "input image";
+  const askedText = doc.createElement("span");
+  asked.append(thumb, askedText);
   const body = doc.createElement("div");
   body.className = "dg-body";
   const prev = doc.createElement("span");
@@ -73,7 +86,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   const canvas = doc.createElement("span");
   canvas.className = "dg-canvas";
   body.append(prev, canvas);
-  root.append(header, body);
+  root.append(header, asked, body);
   container.appendChild(root);
 
   // What the latest events say; paint() brings the DOM up to date with it.
@@ -82,6 +95,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   let last = null;       // latest step event of the current block
   let stateClass = { "0": "dg-noise" };  // digit -> class, from the start event's state names
   let doneEv = null;
+  let askedEv = null;    // {prompt, thumbnail} of the run's start event
   let headerText = "";
   let pending = 0;
   let handle = null;
@@ -94,6 +108,16 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   function requestPaint() {
     pending += 1;
     if (handle === null) handle = schedule(() => { handle = null; paint(); });
+  }
+
+  function showAsked(a) {
+    askedEv = a && typeof a === "object" ? a : null;
+    const png = String(askedEv?.thumbnail ?? "");
+    asked.hidden = !askedEv;
+    askedText.textContent = askedEv ? `asked: ${String(askedEv.prompt ?? "")}` : "";
+    asked.title = askedText.textContent;
+    thumb.hidden = !/^[A-Za-z0-9+/]+={0,2}$/.test(png); // base64 only: never a URL of the page's choosing
+    if (!thumb.hidden) thumb.src = `data:image/png;base64,${png}`;
   }
 
   function setHeader(text) {
@@ -193,6 +217,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       stats.events += 1;
       view.reset();
       run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
+      showAsked(ev?.asked);
       const names = Array.isArray(ev?.states) ? ev.states.map(String).filter((n) => NAME.test(n)) : [];
       if (names.length) stateClass = Object.fromEntries(names.map((n, i) => [String(i), `dg-${n}`]));
       for (const [name, colour] of Object.entries(ev?.palette ?? {})) {
@@ -227,7 +252,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
 
     /** What the view shows, to rebuild it in a new view (a workflow tab reopened). */
     snapshot() {
-      return { run, finished: [...finished], last, doneEv, stateClass: { ...stateClass }, palette: Object.fromEntries(
+      return { run, finished: [...finished], last, doneEv, asked: askedEv, stateClass: { ...stateClass }, palette: Object.fromEntries(
         Object.values(stateClass).map((cls) => `--${cls}`).map((v) => [v, root.style.getPropertyValue(v)])
           .filter(([, c]) => c)) };
     },
@@ -235,6 +260,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     restore(snap) {
       if (!snap) return;
       ({ run, last, doneEv } = snap);
+      showAsked(snap.asked);
       finished = [...(snap.finished ?? [])];
       if (snap.stateClass) stateClass = { ...snap.stateClass };
       for (const [name, colour] of Object.entries(snap.palette ?? {})) root.style.setProperty(name, colour);

@@ -233,7 +233,7 @@ try {
       view.start(start); view.step(evil); await frames2();
       await new Promise((r) => setTimeout(r, 300)); // time for an injected <img> to fail and fire
       return { ...painted(view), pwned: window.__pwned,
-        elements: [...view.element.querySelectorAll("img,script,svg,b")].map((e) => e.tagName),
+        elements: [...view.textElement.querySelectorAll("img,script,svg,b")].map((e) => e.tagName),
         htmlHasTag: /<(img|script|svg|b)[\s>]/i.test(view.textElement.innerHTML) };
     }, { start: START, evil });
     assertEq(p.pwned, undefined, "window.__pwned");
@@ -275,6 +275,34 @@ try {
     });
     assertEq(r.classes.join(" "), "dg-constrained dg-new dg-settled", "classes by state name");
     assertEq(r.colour, "rgb(200, 120, 255)", "the constrained colour from the start event");
+  });
+
+  await check("the view says what was asked: the prompt, the image's thumbnail, never a foreign URL", async () => {
+    const red = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
+    const r = await page.evaluate(async ({ red }) => {
+      const aux = createCanvasView(document.getElementById("aux"));
+      const read = () => {
+        const a = aux.element.querySelector(".dg-asked");
+        const img = a.querySelector("img");
+        return { hidden: a.hidden, text: a.textContent, img: img.hidden ? null : img.getAttribute("src") };
+      };
+      const idle = read();
+      aux.start({ node: "x", blocks: 1, steps: 1, canvas_length: 1, asked: { prompt: "What colour <b>is</b> this?",
+        thumbnail: red } });
+      const shown = read();
+      aux.start({ node: "x", blocks: 1, steps: 1, canvas_length: 1, asked: { prompt: "hi",
+        thumbnail: "x\" onerror=\"window.__pwned=3" } });
+      const evil = read();
+      aux.start({ node: "x", blocks: 1, steps: 1, canvas_length: 1 });
+      const none = read();
+      aux.destroy();
+      return { idle, shown, evil, none, pwned: window.__pwned };
+    }, { red });
+    assert(r.idle.hidden && r.none.hidden, "no asked line without a start that says what was asked");
+    assertEq(r.shown.text, "asked: What colour <b>is</b> this?", "the prompt, as literal text");
+    assertEq(r.shown.img, `data:image/png;base64,${red}`, "the thumbnail");
+    assertEq(r.evil.img, null, "a thumbnail that is not base64 is not shown");
+    assertEq(r.pwned, undefined, "window.__pwned");
   });
 
   await check("(d) 500 steps over 5 blocks: bounded DOM, coalesced paints, right text", async () => {

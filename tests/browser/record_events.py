@@ -39,7 +39,7 @@ def record(dm, seed: int, steps: int, blocks: int, cold: bool) -> list[dict]:
     knobs = Knobs(seed=seed, num_inference_steps=steps, gen_length=blocks * dm.canvas_length,
                   confidence=0.0, **temps)
     stream = events.StepStream(NODE, blocks, steps, dm.canvas_length, dm.token_strings)
-    out = [{"type": events.START, "data": stream.start()}]
+    out = [{"type": events.START, "data": stream.start(asked={"prompt": PROMPT})}]
     result = generate(dm, PROMPT, knobs,
                       on_frame=lambda frame: out.append({"type": events.STEP, "data": stream.step(frame)}))
     out.append({"type": events.DONE, "data": stream.done(result.state.steps_used, result.text)})
