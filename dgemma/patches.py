@@ -17,6 +17,7 @@
 Each applies only to the versions whose code it was checked against (it looks at the code, not
 just the number), is logged once, and edits no installed file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -293,6 +294,9 @@ def cached_scheme_fields(quant: str):
     our call. Applied only to the tested versions.
     """
     schemes = _autoround_schemes_module() if quant == "autoround" else None
+    if quant == "autoround":
+        _note("auto-round scheme fields", schemes is not None,
+              "cached per class" if schemes is not None else "auto-round version or code differs")
     if schemes is None:
         yield
         return
