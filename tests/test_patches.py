@@ -123,3 +123,16 @@ def test_auto_round_schemes_answer_the_same_from_cached_fields():
     assert schemes.fields is dataclasses.fields
     with patches.cached_scheme_fields("none"):  # a plain load leaves auto-round alone
         assert schemes.fields is dataclasses.fields
+
+
+def test_a_load_gives_auto_round_its_own_attributes_back():
+    from auto_round.inference import convert_model
+
+    before = (convert_model.re, convert_model.get_modules_to_not_convert)
+    with patches.for_load("autoround"):
+        assert isinstance(convert_model.re, patches._PatternSearchRe)
+        assert convert_model.get_modules_to_not_convert is not before[1]
+    assert (convert_model.re, convert_model.get_modules_to_not_convert) == before
+    with pytest.raises(RuntimeError), patches.for_load("autoround"):  # also when the load fails
+        raise RuntimeError
+    assert (convert_model.re, convert_model.get_modules_to_not_convert) == before
