@@ -1,11 +1,16 @@
 """The real geometry on the CPU: the load path, memory plans against measured peaks, capture overhead, trace size.
 
 - load_overhead_seconds: CPU seconds of load_model in a fresh process from its call to the first
-  weight placed (every pattern and per-key step included), at the full published AutoRound layout
-  (71,494 keys, 23,450 packed modules; narrow widths, testing/fulllayout.py).
-- preflight_step_error / preflight_int4_error: |the device plan's peak - the child's own peak
-  (VmHWM) through the load and one real-vocabulary step| / measured, on the bf16 slice and on its
-  AutoRound twin (the twin only where it was built: ~45 min and ~18 GB of RAM).
+  weight placed in the model (every check, pattern and per-key step included: the preflight's
+  headers, auto-round's conversion, transformers' whole key loop), at the full published AutoRound
+  layout (71,494 keys, 23,450 packed modules; narrow widths, testing/fulllayout.py). The first
+  tensor read and the whole call's CPU time are printed beside it.
+- preflight_step_error: |the device plan's step budget - the step's own peak| / measured, on the
+  bf16 slice: a fresh child loads it, touches every weight and runs once; then its peak (VmHWM) is
+  reset, and its peak over a run of two real-vocabulary steps at the canvas (the second with
+  self-conditioning) above its resident size then is the step's.
+- preflight_int4_error: the same on the slice's AutoRound twin where it was built (~45 min, ~18 GB
+  of RAM), else on the small AutoRound twin (vocabulary 8,192; seconds to build).
 - slice_overhead_ratio: engine with full capture vs diffusers' bare pipeline on the bf16 slice
   (2 real-size text layers, vocabulary 262,144), same seed and knobs, at confidence 0.005 and 0;
   CPU seconds per run, alternating, median (and IQR) of the paired ratios; token parity checked.
@@ -20,8 +25,10 @@ transformers where the pipeline works (< 5.24). A 1 % verdict needs a quiet mach
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -41,6 +48,8 @@ from diffusiongemma.dgemma import Knobs, generate, load_model, preflight  # noqa
 from diffusiongemma.testing import fulllayout, realslice  # noqa: E402
 
 PROMPT = "What is 3+4?"
+STEPS = 2  # the second step carries the first one's self-conditioning
+MMAP_THRESHOLD = 1 << 20  # bytes: every larger block is mapped for itself and unmapped when freed
 
 
 def vm(field: str) -> int:
@@ -50,9 +59,16 @@ def vm(field: str) -> int:
     return 0
 
 
+def reset_peak() -> None:
+    """Start this process's peak resident size (VmHWM) afresh from its resident size now (Linux)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def measure_load(folder: str, quant: str) -> dict:
-    """In this (fresh) process: what the plan budgets, and this process's own peak (VmHWM) over its
-    resident size before the load, through the load and one real step at the canvas."""
+    """In this (fresh) process: what the plan budgets, and this process's own peaks: through the load and a
+    first run (over its resident size before), and through a second run of STEPS real steps at the canvas alone
+    (over its resident size then, the peak reset there; every weight touched before either run). Run with a fixed
+    malloc mmap threshold, so freed tensors leave the resident size and a peak counts what was live."""
     import transformers  # noqa: F401  (imports are not the model's memory)
 
     from diffusiongemma.dgemma import deviceplan
@@ -64,67 +80,99 @@ def measure_load(folder: str, quant: str) -> dict:
     before = vm("VmRSS")
     dm = load_model(folder, quant=quant, device="cpu")
     load_peak = vm("VmHWM") - before
-    prompt = dm.tokenizer(PROMPT)["input_ids"]
     text = dm.model.config.get_text_config(decoder=True)
-    need = deviceplan.Need(preflight.loaded_bytes(stored, per_dtype, "auto"),
-                           preflight.loaded_bytes(stored, per_dtype, "auto") - shared_copy_bytes(headers),
-                           deviceplan.step_bytes(text, dm.canvas_length, len(prompt) + 64))
-    generate(dm, PROMPT, Knobs(seed=3, num_inference_steps=1, gen_length=dm.canvas_length, confidence=0.0))
+    context = len(dm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=True,
+                                                   add_generation_prompt=True, return_dict=True)["input_ids"])
+    weights = preflight.loaded_bytes(stored, per_dtype, "auto")
+    need = deviceplan.Need(weights, weights - shared_copy_bytes(headers),
+                           deviceplan.step_bytes(text, dm.canvas_length, context))
+    with torch.no_grad():  # weights are mapped from the files: touch every one, so none is paged in mid-step
+        for tensor in [*dm.model.parameters(), *dm.model.buffers()]:
+            if tensor.numel():
+                tensor.amax()  # reads every element, copies none
+    knobs = Knobs(seed=3, num_inference_steps=STEPS, gen_length=dm.canvas_length, confidence=0.0)
+    gc.collect()
+    at_rest = vm("VmRSS")
+    generate(dm, PROMPT, knobs)  # a process's first run also keeps what it sets up once (imports, caches)
+    gc.collect()
+    once = vm("VmRSS") - at_rest
+    peak = vm("VmHWM") - before
+    reset_peak()
+    start = vm("VmRSS")
+    generate(dm, PROMPT, knobs)
     return {"predicted": need.peak, "predicted_load": need.load, "predicted_run": need.resident + need.step,
-            "load_peak": load_peak, "peak": vm("VmHWM") - before, "resident": vm("VmRSS") - before,
+            "predicted_step": need.step, "load_peak": load_peak, "resident": at_rest - before, "once": once,
+            "step_peak": vm("VmHWM") - start, "peak": peak,
             "shared": getattr(dm.model, "_dgemma_shared_layers", None)}
 
 
 def memory_truth() -> tuple[float, float]:
-    """(bf16 error, INT4 error) of the plan's peak against the child's own measured peak."""
+    """(bf16 error, INT4 error) of the plan's step budget against the step's own measured peak.
+
+    bf16: the real-vocabulary slice (where the bytes per logit were calibrated). INT4: the slice's AutoRound
+    twin where it was built (~45 min, ~18 GB of RAM), else the small AutoRound twin (vocabulary 8,192, built in
+    seconds), with the small bf16 twin beside it as the same check away from the calibration point. The small
+    twins' whole peaks are mostly the process's fixed costs, so only their steps are compared.
+    """
+    real_int4 = realslice.cache_root() / realslice.REAL.name / "int4"
+    runs = [("bf16 slice", realslice.slice_dir(), "none")]
+    if (real_int4 / "config.json").is_file():
+        runs.append(("INT4 slice twin", real_int4, "autoround"))
+    else:
+        runs += [("small bf16 twin", realslice.slice_dir(realslice.SMALL), "none"),
+                 ("small INT4 twin", realslice.int4_dir(realslice.SMALL), "autoround")]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
     errors = {}
-    folders = {"none": realslice.slice_dir()}
-    int4 = realslice.cache_root() / realslice.REAL.name / "int4"
-    if (int4 / "config.json").is_file():  # ~45 min and ~18 GB of RAM to build: only where it was built
-        folders["autoround"] = int4
-    for quant, folder in folders.items():
+    for label, folder, quant in runs:
         out = subprocess.run([sys.executable, __file__, "--measure-load", str(folder), quant, "--threads", "1"],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, check=True, env=env)
         m = json.loads(out.stdout.strip().splitlines()[-1])
-        errors[quant] = abs(m["predicted"] - m["peak"]) / m["peak"]
-        gib = {k: f"{m[k] / 2**30:.2f} GiB" for k in ("predicted", "predicted_load", "predicted_run", "load_peak",
-                                                        "peak", "resident")}
-        print(f"memory {quant}: plan {gib['predicted']} (load {gib['predicted_load']}, run {gib['predicted_run']}); "
-              f"child's own peak {gib['peak']} (load {gib['load_peak']}, resident after a step "
-              f"{gib['resident']}; shared packed layers {m['shared']}); error {errors[quant]:.3f}", flush=True)
-    return errors.get("none", float("nan")), errors.get("autoround", float("nan"))
+        errors[label] = abs(m["predicted_step"] - m["step_peak"]) / m["step_peak"]
+        mib = {k: f"{v / 2**20:.1f} MiB" for k, v in m.items() if k != "shared"}
+        print(f"memory, {label}: step: plan {mib['predicted_step']}, the child's own peak over a {STEPS}-step run "
+              f"{mib['step_peak']} (error {errors[label]:.3f}); whole: plan {mib['predicted']} (load "
+              f"{mib['predicted_load']}, run {mib['predicted_run']}), the child's own peak {mib['peak']} (load "
+              f"{mib['load_peak']}, resident after the load {mib['resident']}, kept by the first run {mib['once']}; "
+              f"shared packed layers {m['shared']}; error {abs(m['predicted'] - m['peak']) / m['peak']:.3f})",
+              flush=True)
+    return errors["bf16 slice"], errors.get("INT4 slice twin", errors.get("small INT4 twin"))
 
 
 def load_overhead() -> float:
-    """CPU seconds of a fresh process's load_model, from its call to the first weight placed, at the full
-    published AutoRound layout (71,494 keys; narrow widths, testing/fulllayout.py)."""
+    """CPU seconds of a fresh process's load_model, from its call to the first weight placed in the model, at
+    the full published AutoRound layout (71,494 keys; narrow widths, testing/fulllayout.py)."""
     folder = realslice.cache_root() / "fulllayout"
     if not (folder / "config.json").is_file():
         fulllayout.build(folder)
     out = subprocess.run([sys.executable, __file__, "--first-weight", str(folder)], capture_output=True, text=True,
                          check=True)
-    seconds = float(out.stdout.strip().splitlines()[-1])
-    print(f"load: {seconds:.2f} CPU s of load_model before the first weight (71,494 keys, 23,450 packed modules)",
-          flush=True)
-    return seconds
+    read, placed, whole = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"load: {placed:.2f} CPU s of load_model before the first weight is placed (the first tensor read "
+          f"at {read:.2f} s: transformers' reader threads start with the key loop); {whole:.2f} CPU s for the "
+          "whole load_model (71,494 keys, 23,450 packed modules; 74 MB of tensors, so nearly all of it is per-key "
+          "and per-module work)", flush=True)
+    return placed
 
 
-def first_weight(folder: str) -> float:
+def first_weight(folder: str) -> tuple[float, float, float]:
+    """CPU s from load_model's call to its first tensor read, to its first weight placed, and to its return."""
     import auto_round  # noqa: F401  (imports are paid once per process, not per load)
     from transformers import core_model_loading as cml
 
     logging.getLogger("auto_round").setLevel(logging.ERROR)
-    first, original = [], cml.set_param_for_module
+    first = {}
 
-    def placed(*args, **kwargs):
-        if not first:
-            first.append(time.process_time())
-        return original(*args, **kwargs)
+    def noting(name, original):
+        def noted(*args, **kwargs):
+            first.setdefault(name, time.process_time())  # all threads' CPU time, as the whole call's
+            return original(*args, **kwargs)
+        return noted
 
-    cml.set_param_for_module = placed
+    cml._materialize_copy = noting("read", cml._materialize_copy)
+    cml.set_param_for_module = noting("placed", cml.set_param_for_module)
     start = time.process_time()
     load_model(folder, quant="autoround", device="cpu")
-    return first[0] - start
+    return first["read"] - start, first["placed"] - start, time.process_time() - start
 
 
 def run_pipeline(dm, knobs: Knobs) -> list[int]:
@@ -225,7 +273,7 @@ def main(argv=None) -> None:
         print(json.dumps(measure_load(*args.measure_load)))
         return
     if args.first_weight:
-        print(first_weight(args.first_weight))
+        print(json.dumps(first_weight(args.first_weight)))
         return
     parts = set(args.parts.split(","))
     nan = float("nan")

@@ -4,18 +4,61 @@ Each lane keeps its own cache, prefilled alone, so what the encoder wrote is bit
 solo run writes. Per forward the working lanes' caches are stacked, each row padded on the left to
 the longest (sliding layers hold at most their window, so full and sliding layers pad apart), and
 keeps its own canvas positions. Where rows are padded, sdpa attends row by row over each row's own
-keys (dgemma/patches.py), so attention rounds as in a solo run; every other layer runs once for the
-whole batch. The stacked view is rebuilt only when the working lanes or their blocks change.
+keys (`rows_attention`, a patch listed in dgemma/patches.py), so attention rounds as in a solo run;
+every other layer runs once for the whole batch. The stacked view is rebuilt only when the working
+lanes or their blocks change.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import patches
 from .cache import fork_cache
-from .patches import RowKeys, rows_attention
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+class RowKeys:
+    """The attention "mask" of a batch whose rows hold different numbers of keys: row r's first
+    `pads[r]` keys are padding."""
+
+    def __init__(self, pads):
+        self.pads = tuple(int(p) for p in pads)
+
+
+def _rows_alone(sdpa):
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if not isinstance(attention_mask, RowKeys):
+            return sdpa(module, query, key, value, attention_mask, **kwargs)
+        rows = [sdpa(module, query[r:r + 1], key[r:r + 1, :, p:], value[r:r + 1, :, p:], None, **kwargs)[0]
+                for r, p in enumerate(attention_mask.pads)]
+        return torch.cat(rows), None
+
+    attention.rows_alone = True
+    return attention
+
+
+def rows_attention() -> bool:
+    """Give transformers' sdpa attention a path for `RowKeys`: each row attends over its own keys alone,
+    with a solo run's very arithmetic (a masked batch rounds differently, which moves tokens at half
+    precision). False where the registry or sdpa's signature is not the kind this was checked against."""
+    try:
+        import inspect
+
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:
+        return False
+    with patches._install_lock:
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None
+        if sdpa is not None and not getattr(sdpa, "rows_alone", False):
+            names = list(inspect.signature(sdpa).parameters)[:5]
+            if names == ["module", "query", "key", "value", "attention_mask"]:
+                ALL_ATTENTION_FUNCTIONS["sdpa"] = _rows_alone(sdpa)
+        applied = getattr(ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None,
+                          "rows_alone", False)
+    patches._note("transformers sdpa rows", applied, "a padded batch attends row by row" if applied else "sdpa differs")
+    return applied
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:

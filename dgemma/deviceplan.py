@@ -17,8 +17,9 @@ PCIE_BYTES_PER_S = 25e9        # PCIe 4.0 x16 as measured by most hosts
 RAM_BYTES_PER_S = 40e9         # a desktop's memory bandwidth; a CPU step reads every weight at least once
 # One step's peak temporaries per (position x vocabulary entry), in bytes: the head's bf16 logits,
 # their float copy, the scheduler's scaled logits, log-normalised logits and probabilities, the kept
-# self-conditioning logits and the embedding mix they feed (calibrated on the real-vocabulary slice).
-STEP_BYTES_PER_LOGIT = 26
+# self-conditioning logits and the embedding mix they feed. Calibrated on the real-vocabulary slice:
+# the peak of a step with self-conditioning, over the process's resident size before it, is 28.0.
+STEP_BYTES_PER_LOGIT = 28
 LOAD_CONTEXT = 4096            # context tokens a load budgets for (its KV cache); a longer prompt needs more
 INT4_SHARE = 0.592             # the real AutoRound INT4 checkpoint's bytes over the bf16 model's
 

@@ -202,6 +202,7 @@ def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device
                            total_vram=preflight.total_vram(), quant=quant, twin=twin)
 
 
+@patches.paused_gc()
 def load_model(source: str, quant: str = "none", dtype: str = "auto", device: str = "auto",
                local_files_only: bool = False, should_cancel=None) -> DGemmaModel:
     """Load weights (safetensors only, never checkpoint code) and the tokenizer; every check runs first.

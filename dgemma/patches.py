@@ -1,17 +1,21 @@
 """Every change this pack makes to another library's behaviour, in one place.
 
-- transformers: the loader gives each checkpoint key its own renaming rule and compiles a regex
-  for it (71,494 keys in the real AutoRound checkpoint, about 20 CPU seconds), though a rule made
-  for one exact key is never matched against anything. Its module gets a view of `re` whose
-  `compile` compiles on first use: same patterns, same results, compiled only when used.
+- transformers: the loader gives each checkpoint key its own renaming rule (71,494 keys in the
+  real AutoRound checkpoint), and the general rule's constructor runs several regexes per key and
+  compiles one, though a rule made for one exact key is never matched against anything. A rule
+  from one plain key to another is built directly, with the same fields and its regex compiled on
+  first use (checked against the general constructor when installed).
 - diffusers: EntropyBoundScheduler computes the per-position entropy it accepts by (over the
   whole vocabulary) but does not return it; its module gets a view of torch whose
   `distributions.Categorical` keeps that entropy for the calling thread (`step_with_entropy`),
   so the trace does not pay for a second one. Every other caller sees the very same values.
 - auto-round: while loading, its keep-in-full-precision patterns arrive as one alternation
-  (`merged_tie_patterns`).
+  (`merged_tie_patterns`), searched as the compiled pattern it is, and its quantization schemes
+  list their dataclass fields from a cache (`cached_scheme_fields`).
+- Python: the cyclic garbage collector pauses while a load builds its model (`paused_gc`).
 - transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
-  numbers of keys (`RowKeys`, `rows_attention`); every other call is sdpa's own.
+  numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/batch.py);
+  every other call is sdpa's own.
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
 just the number), is logged once, and edits no installed file.
@@ -20,11 +24,14 @@ just the number), is logged once, and edits no installed file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import logging
 import re
 import sys
 import threading
 import types
+from collections import defaultdict
 
 import torch
 
@@ -52,41 +59,114 @@ class LazyPattern:
         return getattr(self._compiled, name)
 
 
-class _LazyRe(types.ModuleType):
-    """`re`, except that compile() defers its work to the pattern's first use."""
+_install_lock = threading.Lock()
+_PLAIN_KEY = re.compile(r"[\w.\-]+", re.ASCII)  # a key with no regex syntax but the dot
+_ALNUM_END = re.compile(r"[a-zA-Z0-9]$")
+_PROBES = (("model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.down_proj.weight"),
+           ("model.encoder.language_model.layers.1.experts.7.up_proj.qzeros", "lm-head.9"),
+           ("a.b_", "a.c"))
+
+
+def _plain(key) -> bool:
+    return isinstance(key, str) and _PLAIN_KEY.fullmatch(key) is not None
+
+
+def _key_ends(cls, general) -> dict[bool, str]:
+    """What `general` puts after a plain key in its regex, for a key ending in a letter or digit or not
+    (newer transformers add a name boundary)."""
+    ends = {}
+    for key in ("a.b", "a.b_"):
+        probe = cls.__new__(cls)
+        general(probe, key, key)
+        ends[key[-1].isalnum()] = probe.compiled_sources.pattern.removeprefix(f"(?P<g0>{key}").removesuffix(")")
+    return ends
+
+
+def _plain_init(cls, general, ends: dict[bool, str]):
+    """WeightRenaming's constructor: for one plain key to another, the fields `general` would set, regex deferred."""
+
+    def __init__(self, source_patterns, target_patterns):
+        if type(self) is not cls or not (_plain(source_patterns) and _plain(target_patterns)):
+            return general(self, source_patterns, target_patterns)
+        boundary = ends[_ALNUM_END.search(source_patterns) is not None]
+        fields = dict(source_patterns=[source_patterns], target_patterns=[target_patterns],
+                      _original_source_patterns=[source_patterns], _original_target_patterns=[target_patterns],
+                      distributed_operation=None, quantization_operation=None, collected_tensors=defaultdict(list),
+                      layer_targets=defaultdict(set), _was_used=False, scope_prefix=None, base_model_prefix=None,
+                      compiled_sources=LazyPattern(f"(?P<g0>{source_patterns}{boundary})"))
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    __init__.dgemma_plain = True
+    return __init__
+
+
+def _field(obj, name):
+    value = getattr(obj, name, None)
+    if hasattr(value, "groupindex"):
+        return value.pattern, value.flags
+    return type(value), getattr(value, "default_factory", None), value
+
+
+def _builds_alike(cls, general, init) -> bool:
+    """Whether `init` leaves every slot as `general` does, on the probe keys."""
+    slots = {n for k in cls.__mro__ for n in getattr(k, "__slots__", ())}
+    for source, target in _PROBES:
+        a, b = cls.__new__(cls), cls.__new__(cls)
+        try:
+            general(a, source, target)
+            init(b, source, target)
+        except Exception:  # noqa: BLE001 - any surprise means the constructor is not the checked kind
+            return False
+        if not slots or any(_field(a, n) != _field(b, n) for n in slots):
+            return False
+    return True
+
+
+def plain_key_renamings() -> bool:
+    """Build transformers' exact-key renaming rules directly; False where its constructor is not the checked kind."""
+    try:
+        from transformers import core_model_loading as cml
+    except ImportError:
+        return False
+    cls, base = getattr(cml, "WeightRenaming", None), getattr(cml, "WeightTransform", None)
+    with _install_lock:
+        applied = getattr(vars(cls).get("__init__") if cls else None, "dgemma_plain", False)
+        if not applied and base is not None and "__init__" not in vars(cls):
+            try:
+                init = _plain_init(cls, base.__init__, _key_ends(cls, base.__init__))
+            except Exception:  # noqa: BLE001 - any surprise means the constructor is not the checked kind
+                init = None
+            if init is not None and _builds_alike(cls, base.__init__, init):
+                cls.__init__, applied = init, True
+    _note("transformers per-key renaming", applied, "exact keys built directly" if applied
+          else "loader code differs")
+    return applied
+
+
+class _PatternSearchRe(types.ModuleType):
+    """`re`, except that search() with a compiled pattern asks the pattern directly.
+
+    re.search(compiled, text) first looks the pattern up in re's cache, which hashes its whole
+    compiled code on every call: for the merged tie pattern that is most of the cost. The answer
+    is the same, since re never caches compiled patterns and returns them as they are.
+    """
 
     def __init__(self):
         super().__init__("re")
 
     @staticmethod
-    def compile(pattern, flags=0):
-        return LazyPattern(pattern, flags)
+    def search(pattern, string, flags=0):
+        if isinstance(pattern, re.Pattern) and not flags:
+            return pattern.search(string)
+        return re.search(pattern, string, flags)
 
     def __getattr__(self, name):
         return getattr(re, name)
 
 
-_install_lock = threading.Lock()
-
-
-def lazy_key_patterns() -> bool:
-    """Give transformers' core_model_loading the lazy `re`; False where its code is not the checked kind."""
-    try:
-        from transformers import core_model_loading as cml
-    except ImportError:
-        return False
-    init = getattr(getattr(cml, "WeightTransform", None), "__init__", None)
-    names = set(getattr(getattr(init, "__code__", None), "co_names", ()))
-    fits = {"compile", "re"} <= names and "WeightRenaming" in vars(cml)
-    with _install_lock:
-        if fits and getattr(cml, "re", None) is re:
-            cml.re = _LazyRe()
-        applied = isinstance(getattr(cml, "re", None), _LazyRe)
-    _note("transformers per-key regex", applied, "lazy compile" if applied else "loader code differs")
-    return applied
-
-
 _PATCH_LOCK = threading.Lock()  # the wrapped auto-round attribute is module-global
+_SCHEMES_LOCK = threading.Lock()  # held inside _PATCH_LOCK by a load: its own lock
 _MERGE_TESTED = ("0.16",)  # auto-round versions whose pattern use the merge was checked against
 _PLAIN_NAME = re.compile(r"[\w.\-]+")
 
@@ -94,9 +174,37 @@ _PLAIN_NAME = re.compile(r"[\w.\-]+")
 @contextlib.contextmanager
 def for_load(quant: str):
     """Everything a load of this quant mode runs under."""
-    lazy_key_patterns()
-    with merged_tie_patterns(quant):
+    plain_key_renamings()
+    with merged_tie_patterns(quant), cached_scheme_fields(quant):
         yield
+
+
+_gc_lock = threading.Lock()
+_gc_state = {"pausers": 0, "was_enabled": False}
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """Python's cyclic garbage collector off while a load reads headers, builds and fills its model.
+
+    Every collection of the oldest generation walks every live object, and building the AutoRound
+    model makes hundreds of thousands (modules, buffers, renaming rules), so the collections it
+    triggers cost about a third of the CPU time before the first weight at the published layout.
+    Reference counting still frees everything not in a cycle. Overlapping loads share one pause;
+    the collector's previous state comes back when the last one ends.
+    """
+    with _gc_lock:
+        if _gc_state["pausers"] == 0:
+            _gc_state["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _gc_state["pausers"] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_state["pausers"] -= 1
+            if _gc_state["pausers"] == 0 and _gc_state["was_enabled"]:
+                gc.enable()
 
 
 @contextlib.contextmanager
@@ -107,8 +215,9 @@ def merged_tie_patterns(quant: str):
     (726: each kept tie's two ends) through `re.search(re.compile(p), name)`; past re's 512-entry
     cache every call recompiles, about 11 minutes of one core before any weight is read. One
     alternation of the plain-name patterns matches exactly the names one of them matches and
-    compiles once. Applied only to the tested versions, by wrapping the module attribute for the
-    length of our call; nothing installed is edited.
+    compiles once, and the module's `re` searches with it directly (`_PatternSearchRe`). Applied
+    only to the tested versions, by wrapping the module attributes for the length of our call;
+    nothing installed is edited.
     """
     convert = _autoround_convert_module() if quant == "autoround" else None
     if quant == "autoround":
@@ -123,22 +232,46 @@ def merged_tie_patterns(quant: str):
         return merge_patterns(original(*args, **kwargs))
 
     with _PATCH_LOCK:
-        convert.get_modules_to_not_convert = merged
+        original_re = convert.re
+        convert.get_modules_to_not_convert, convert.re = merged, _PatternSearchRe()
         try:
             yield
         finally:
-            convert.get_modules_to_not_convert = original
+            convert.get_modules_to_not_convert, convert.re = original, original_re
 
 
 def merge_patterns(patterns) -> list[str]:
     """The plain-name patterns (letters, digits, `_.-`) as one alternation, any other pattern kept as is.
 
-    re.search with `a|b` finds a match exactly when re.search with `a` or with `b` does.
+    re.search with `a|b` finds a match exactly when re.search with `a` or with `b` does. The
+    alternation shares common leading segments (`x.(?:a|b)` for `x.a|x.b`, the same strings), so a
+    search rejects a position after a character or two instead of trying all 726 names there.
     """
     patterns = sorted(set(patterns or ()))
     plain = [p for p in patterns if _PLAIN_NAME.fullmatch(p)]
     rest = [p for p in patterns if not _PLAIN_NAME.fullmatch(p)]
-    return (["|".join(plain)] if plain else []) + rest
+    trie: dict = {}
+    for p in plain:
+        node = trie
+        for segment in p.split("."):
+            node = node.setdefault(segment, {})
+        node[None] = {}  # a pattern ends here
+    return ([_alternation(trie)] if plain else []) + rest
+
+
+def _alternation(node: dict) -> str:
+    """Regex for every dot-joined path below `node` (segments keep their regex meaning, as the dots do)."""
+    branches = []
+    for segment in sorted(k for k in node if k is not None):
+        child = node[segment]
+        more = {k: v for k, v in child.items() if k is not None}
+        if not more:
+            branches.append(segment)
+            continue
+        tail = _alternation(more)
+        tail = f"(?:{tail})" if "|" in tail else tail
+        branches.append(f"{segment}(?:.{tail})?" if None in child else f"{segment}.{tail}")
+    return "|".join(branches)
 
 
 def _autoround_convert_module():
@@ -153,6 +286,48 @@ def _autoround_convert_module():
     if version not in _MERGE_TESTED or not {"get_modules_to_not_convert", "search", "compile"} <= names:
         return None
     return convert_model if callable(getattr(convert_model, "get_modules_to_not_convert", None)) else None
+
+
+@contextlib.contextmanager
+def cached_scheme_fields(quant: str):
+    """While loading, auto-round's quantization schemes list their dataclass fields once per class.
+
+    Every `scheme["bits"]` asks `dataclasses.fields` anew (187,807 times at the published layout);
+    a class's fields do not change, so its module gets the same tuple from a cache for the length of
+    our call. Applied only to the tested versions.
+    """
+    schemes = _autoround_schemes_module() if quant == "autoround" else None
+    if quant == "autoround":
+        _note("auto-round scheme fields", schemes is not None,
+              "cached per class" if schemes is not None else "auto-round version or code differs")
+    if schemes is None:
+        yield
+        return
+    known: dict[type, tuple] = {}
+
+    def cached(class_or_instance):
+        cls = class_or_instance if isinstance(class_or_instance, type) else type(class_or_instance)
+        if cls not in known:
+            known[cls] = dataclasses.fields(cls)
+        return known[cls]
+
+    with _SCHEMES_LOCK:
+        schemes.fields = cached
+        try:
+            yield
+        finally:
+            schemes.fields = dataclasses.fields
+
+
+def _autoround_schemes_module():
+    """auto-round's schemes module, if its schemes look their fields up as the cache was checked against."""
+    if _autoround_convert_module() is None:  # not a tested auto-round
+        return None
+    from auto_round import schemes
+
+    scheme = getattr(schemes, "QuantizationScheme", None)
+    names = _code_names(getattr(getattr(scheme, "get_attributes", None), "__code__", None))
+    return schemes if "fields" in names and getattr(schemes, "fields", None) is dataclasses.fields else None
 
 
 def _code_names(code) -> set[str]:
@@ -217,44 +392,3 @@ def step_with_entropy(scheduler, logits, step: int, canvas, generator):
         entropy = torch.distributions.Categorical(logits=out.pred_logits.float()).entropy()
     return out, entropy
 
-
-class RowKeys:
-    """The attention "mask" of a batch whose rows hold different numbers of keys: row r's first
-    `pads[r]` keys are padding."""
-
-    def __init__(self, pads):
-        self.pads = tuple(int(p) for p in pads)
-
-
-def _rows_alone(sdpa):
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        if not isinstance(attention_mask, RowKeys):
-            return sdpa(module, query, key, value, attention_mask, **kwargs)
-        rows = [sdpa(module, query[r:r + 1], key[r:r + 1, :, p:], value[r:r + 1, :, p:], None, **kwargs)[0]
-                for r, p in enumerate(attention_mask.pads)]
-        return torch.cat(rows), None
-
-    attention.rows_alone = True
-    return attention
-
-
-def rows_attention() -> bool:
-    """Give transformers' sdpa attention a path for `RowKeys`: each row attends over its own keys alone,
-    with a solo run's very arithmetic (a masked batch rounds differently, which moves tokens at half
-    precision). False where the registry or sdpa's signature is not the kind this was checked against."""
-    try:
-        import inspect
-
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError:
-        return False
-    with _install_lock:
-        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None
-        if sdpa is not None and not getattr(sdpa, "rows_alone", False):
-            names = list(inspect.signature(sdpa).parameters)[:5]
-            if names == ["module", "query", "key", "value", "attention_mask"]:
-                ALL_ATTENTION_FUNCTIONS["sdpa"] = _rows_alone(sdpa)
-        applied = getattr(ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None,
-                          "rows_alone", False)
-    _note("transformers sdpa rows", applied, "a padded batch attends row by row" if applied else "sdpa differs")
-    return applied

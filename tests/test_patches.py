@@ -22,14 +22,42 @@ def test_a_lazy_pattern_answers_as_the_compiled_one(pattern, text):
     assert lazy.sub("-", text) == real.sub("-", text)
 
 
-def test_the_per_key_regex_patch_applies_to_the_installed_transformers():
+def test_an_exact_key_renaming_is_built_as_the_general_constructor_builds_it():
     from transformers import core_model_loading as cml
 
-    assert patches.lazy_key_patterns()
-    renaming = cml.WeightRenaming("model.layers.0.weight", "model.layers.0.weight")
-    assert isinstance(renaming.compiled_sources, patches.LazyPattern)
-    assert renaming.rename_source_key("model.layers.0.weight")[0] == "model.layers.0.weight"
-    assert cml.re.escape is re.escape  # everything else is re itself
+    assert patches.plain_key_renamings()
+    assert patches.plain_key_renamings()  # installed once, still reported
+    keys = [("model.layers.0.weight", "model.layers.0.weight"), ("model.a-b.norm_", "model.c.norm"),
+            ("model.layers.0.weight_scale", "model.x.7")]
+    slots = {n for k in cml.WeightRenaming.__mro__ for n in getattr(k, "__slots__", ())}
+    for source, target in keys:
+        fast = cml.WeightRenaming(source, target)
+        general = cml.WeightRenaming.__new__(cml.WeightRenaming)
+        cml.WeightTransform.__init__(general, source, target)
+        assert isinstance(fast.compiled_sources, patches.LazyPattern)
+        assert {n: patches._field(fast, n) for n in slots} == {n: patches._field(general, n) for n in slots}
+        for key in (source, source + "_scale", "x." + source, "other"):
+            assert fast.rename_source_key(key) == general.rename_source_key(key)
+
+
+def test_a_renaming_that_is_not_one_plain_key_to_another_takes_the_general_constructor():
+    from transformers import core_model_loading as cml
+
+    patches.plain_key_renamings()
+    rule = cml.WeightRenaming(r"^model\.(.+)", r"base.\1")  # a pattern, not a key
+    assert not isinstance(rule.compiled_sources, patches.LazyPattern)
+    assert rule.rename_source_key("model.a.weight")[0] == "base.a.weight"
+    group = cml.GroupWeightRename(["a.b", "a.c"], ["a.c", "a.d"])  # a subclass keeps its own constructor
+    assert not isinstance(group.compiled_sources, patches.LazyPattern)
+
+
+def test_searching_with_a_compiled_pattern_answers_as_re_does():
+    view = patches._PatternSearchRe()
+    pattern = re.compile(patches.merge_patterns(["a.b", "a.b.c", "q"])[0])
+    for text in ("xa.bz", "q", "", "a.c", "azb"):
+        got, want = view.search(pattern, text), re.search(pattern, text)
+        assert (got and got.span()) == (want and want.span())
+    assert view.search("a+", "caab").span() == (1, 3) and view.escape is re.escape
 
 
 def test_identical_encoder_copies_are_budgeted_as_dropped(tmp_path):
@@ -54,3 +82,57 @@ def test_identical_encoder_copies_are_budgeted_as_dropped(tmp_path):
     data[8 + length + header[name]["data_offsets"][0]] ^= 0xFF
     copy.write_bytes(bytes(data))
     assert shared_copy_bytes({(copy if p == path else p): h for p, h in headers.items()}) == 0
+
+
+def test_the_collector_pauses_for_a_load_and_comes_back_as_it_was(tmp_path):
+    import gc
+
+    from diffusiongemma.dgemma import load_model
+
+    assert gc.isenabled()
+    with patches.paused_gc():
+        assert not gc.isenabled()
+        with patches.paused_gc():  # an overlapping load shares the pause
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()  # a host that runs without the collector keeps it off
+    try:
+        with patches.paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError, match="config.json"):  # a refused load gives it back too
+        load_model(str(tmp_path))
+    assert gc.isenabled()
+
+
+def test_auto_round_schemes_answer_the_same_from_cached_fields():
+    import dataclasses
+
+    from auto_round import schemes
+
+    plain = schemes.QuantizationScheme(bits=4, group_size=64)
+    before = (plain.get_attributes(), list(plain.items()), plain["group_size"], plain.get("act_bits", "none"))
+    with patches.cached_scheme_fields("autoround"):
+        assert schemes.fields is not dataclasses.fields  # the tested auto-round is patched
+        assert schemes.fields(plain) is schemes.fields(schemes.QuantizationScheme)  # one tuple per class
+        during = (plain.get_attributes(), list(plain.items()), plain["group_size"], plain.get("act_bits", "none"))
+    assert during == before
+    assert schemes.fields is dataclasses.fields
+    with patches.cached_scheme_fields("none"):  # a plain load leaves auto-round alone
+        assert schemes.fields is dataclasses.fields
+
+
+def test_a_load_gives_auto_round_its_own_attributes_back():
+    from auto_round.inference import convert_model
+
+    before = (convert_model.re, convert_model.get_modules_to_not_convert)
+    with patches.for_load("autoround"):
+        assert isinstance(convert_model.re, patches._PatternSearchRe)
+        assert convert_model.get_modules_to_not_convert is not before[1]
+    assert (convert_model.re, convert_model.get_modules_to_not_convert) == before
+    with pytest.raises(RuntimeError), patches.for_load("autoround"):  # also when the load fails
+        raise RuntimeError
+    assert (convert_model.re, convert_model.get_modules_to_not_convert) == before
