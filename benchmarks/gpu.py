@@ -4,8 +4,10 @@ Writes, on the GPU machine, a bf16 checkpoint of the 30-layer DiffusionGemma (ra
 52 GB) and an AutoRound INT4 one at the published layout (random packed values, 30.6 GB), one at a
 time (the disk holds one), loads each with `load_model` (preflight, device plan, the INT4 path and
 the pack's patches included) and times the engine's block loop on a 256-token canvas at 16 and 48
-steps (confidence 0, so every step runs). Prints the GPU, driver, torch/transformers/diffusers
-versions, the device plan, seconds per step, compile time, and the peak memory sampled every 20 ms.
+steps (confidence 0, so every step runs), and a list of 1, 4 and 8 items denoised as one batch
+(one decoder forward per step for all of them, each item its own sampler). Prints the GPU, driver,
+torch/transformers/diffusers versions, the device plan, seconds per step, compile time, and the peak
+memory sampled every 20 ms.
 
 Fast path: a transformers StaticCache for the context (the encoder fills it; the decoder reads it
 read-only, copying the canvas keys into a fixed-size buffer, so every step and block has the same
@@ -20,7 +22,8 @@ stays inside the window.
     python benchmarks/gpu.py --dry-run     # the same path on the CPU through the loader at the small twins
                                            # of the real-geometry slice (CI); compile with "eager"
 
-Last line: per twin (bf16, int4) s_per_step_48, s_per_step_fast16, tok_per_s_48, peak_gib, compile_s, fast.
+Last line: per twin (bf16, int4) s_per_step_48, s_per_step_fast16, tok_per_s_48, peak_gib, compile_s, fast,
+and per batch size b (1, 4, 8) batch{b}_s_per_step and batch{b}_tok_per_s.
 """
 
 from __future__ import annotations
@@ -42,13 +45,15 @@ from headless import load_pack  # noqa: E402
 
 load_pack()
 from diffusiongemma.dgemma import Knobs, load_model  # noqa: E402
+from diffusiongemma.dgemma.batch import BatchForward  # noqa: E402
 from diffusiongemma.dgemma.cache import encode_ids, new_cache  # noqa: E402
-from diffusiongemma.dgemma.loop import denoise_blocks  # noqa: E402
+from diffusiongemma.dgemma.loop import Lane, denoise_blocks, drive  # noqa: E402
 from diffusiongemma.dgemma.seeding import make_generator  # noqa: E402
 from diffusiongemma.dgemma.trace import Recorder  # noqa: E402
 from diffusiongemma.testing import fulllayout, realscale, realslice  # noqa: E402
 
 PROMPT_TOKENS = 64
+BATCH_SIZES = (1, 4, 8)
 
 
 def versions() -> str:
@@ -138,11 +143,15 @@ def static_cache(model, length: int):
     return StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=length)
 
 
+def fixed_prompt(model) -> list[int]:
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    return torch.randint(3, min(1000, vocab), (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
 def run(model, steps: int, device: str, static: bool = False) -> tuple[list[int], float, int]:
     """(committed ids, seconds per step, steps executed) for one block after a fixed random prompt."""
     knobs = Knobs(seed=1, num_inference_steps=steps, gen_length=model.config.canvas_length, confidence=0.0)
-    vocab = model.config.get_text_config(decoder=True).vocab_size
-    prompt = torch.randint(3, min(1000, vocab), (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = fixed_prompt(model)
     cache = static_cache(model, PROMPT_TOKENS + model.config.canvas_length) if static else new_cache(model)
     encode_ids(model, cache, prompt)
     recorder = Recorder(knobs, model.config.canvas_length)
@@ -152,6 +161,36 @@ def run(model, steps: int, device: str, static: bool = False) -> tuple[list[int]
     sync(device)
     seconds = time.perf_counter() - start
     return ids[0].tolist(), seconds / len(recorder), len(recorder)
+
+
+def run_batch(model, steps: int, device: str, size: int) -> tuple[float, float]:
+    """(seconds per batched step, tokens per second) for `size` items of one block after the fixed prompt,
+    each with its own seed, one decoder forward per step for all of them."""
+    L = model.config.canvas_length
+    lanes = []
+    for item in range(size):
+        knobs = Knobs(seed=1 + item, num_inference_steps=steps, gen_length=L, confidence=0.0)
+        cache = new_cache(model)
+        encode_ids(model, cache, fixed_prompt(model))
+        lanes.append(Lane(model, cache, knobs, make_generator(knobs.seed, torch.device(device)), (),
+                          Recorder(knobs, L)))
+    sync(device)
+    start = time.perf_counter()
+    drive(model, lanes, forward=BatchForward(model))
+    sync(device)
+    seconds = time.perf_counter() - start
+    return seconds / steps, size * L / seconds
+
+
+def batch_sizes(model, steps: int, device: str, name: str) -> str:
+    """`key=value`s of seconds per step and tokens per second at each batch size (after a warm-up)."""
+    out = []
+    for size in BATCH_SIZES:
+        run_batch(model, steps, device, size)
+        per_step, tok_s = run_batch(model, steps, device, size)
+        print(f"{name} batch {size}: {per_step:.4f} s/step, {tok_s:.1f} tok/s", flush=True)
+        out.append(f"{name}_batch{size}_s_per_step={per_step:.4f} {name}_batch{size}_tok_per_s={tok_s:.1f}")
+    return " ".join(out)
 
 
 def compile_decoder(model, backend: str):
@@ -206,10 +245,11 @@ def bench(folder: Path, quant: str, device: str, backend: str, step_counts, fast
             print(f"{quant} plain {steps} steps: {per_step:.4f} s/step, {done} steps, "
                   f"{model.config.canvas_length / (per_step * done):.1f} tok/s", flush=True)
         best, compile_s = variants(model, device, backend, step_counts, results) if fast else ({}, float("nan"))
+        name = "int4" if quant == "autoround" else "bf16"
+        batched = batch_sizes(model, step_counts[0], device, name)
     few, many = step_counts
     fell_back = fast and not best
-    name = "int4" if quant == "autoround" else "bf16"
-    return (f"{name}_s_per_step_{many}={results[many][1]:.4f} "
+    return (f"{batched} {name}_s_per_step_{many}={results[many][1]:.4f} "
             f"{name}_s_per_step_fast{few}={min(best.get(few, results[few][1]), results[few][1]):.4f} "
             f"{name}_tok_per_s_{many}={model.config.canvas_length / (results[many][1] * many):.1f} "
             f"{name}_peak_gib={peak.peak / 2**30:.1f} {name}_compile_s={compile_s:.1f} "

@@ -9,8 +9,8 @@ from .knobs import KNOBS, Knobs  # noqa: E402
 from .loading import load_model  # noqa: E402
 from .loop import Cancelled  # noqa: E402
 from .payloads import CanvasState, DGemmaModel, RunConfig  # noqa: E402
-from .run import RunResult, generate  # noqa: E402
+from .run import RunResult, generate, prepare, run_batch  # noqa: E402
 from .trace import CanvasTrace, Frame  # noqa: E402
 
 __all__ = ["Constraint", "KNOBS", "Knobs", "load_model", "Cancelled", "CanvasState", "DGemmaModel", "RunConfig",
-           "RunResult", "generate", "CanvasTrace", "Frame"]
+           "RunResult", "generate", "prepare", "run_batch", "CanvasTrace", "Frame"]

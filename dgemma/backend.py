@@ -9,7 +9,7 @@ from __future__ import annotations
 from .context import encode_context
 from .errors import InputError
 from .guide import guide_for
-from .run import generate, prepare
+from .run import generate, prepare, run_batch
 
 
 class LocalBackend:
@@ -31,6 +31,23 @@ LOCAL = LocalBackend()
 
 def backend_of(model):
     return getattr(model, "backend", None) or LOCAL
+
+
+def run_items(model, items, *, on_frame=None, on_settled=None, should_cancel=None, max_batch=None) -> list:
+    """Run list items, each (prompt, knobs, options of `generate`), on one model: as batches in this
+    process; one after another on a remote model. `on_frame(index, frame)`, `on_settled(index)`."""
+    engine = backend_of(model)
+    if engine is LOCAL:
+        requests = [prepare(model, prompt, knobs, **options) for prompt, knobs, options in items]
+        return run_batch(requests, on_frame=on_frame, should_cancel=should_cancel, max_batch=max_batch,
+                         on_settled=on_settled)
+    results = []
+    for index, (prompt, knobs, options) in enumerate(items):
+        told = None if on_frame is None else (lambda frame, index=index: on_frame(index, frame))
+        results.append(engine.run(model, prompt, knobs, on_frame=told, should_cancel=should_cancel, **options))
+        if on_settled is not None:
+            on_settled(index)
+    return results
 
 
 def constraint_options(model, constraint, gen_length: int) -> dict:

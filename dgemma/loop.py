@@ -169,54 +169,127 @@ def _open_block(decoder, plan, block, first, done, knobs, stepper, generator):
     return canvas, None, AdaptiveStop(knobs.confidence, canvas, decoder.device), plan.start if block == first else 0
 
 
+class Lane:
+    """One run walking its blocks: its own cache, generator, scheduler, stop, pins, guide and recorder.
+
+    `ready` opens the next block when due and says whether a step is left; `advance` takes that step
+    from the logits of the lane's canvas. Lanes share nothing, so a batch of them (`drive`) shares
+    only each step's decoder forward, and every lane walks exactly as it would alone.
+    """
+
+    def __init__(self, model, cache, knobs: Knobs, generator, eos_ids, recorder: Recorder, on_frame=None,
+                 encode_last: bool = False, plan: LoopPlan | None = None, scheduler=None, guide=None):
+        self.plan = plan if plan is not None else LoopPlan()
+        self.guide = guide if guide is not None else UNCONSTRAINED
+        self.decoder = BlockDecoder(model, cache)
+        self.stepper = scheduler if scheduler is not None else self.plan.scheduling.build(
+            knobs, self.decoder.L, self.decoder.device)
+        self.knobs, self.generator, self.recorder = knobs, generator, recorder
+        self.on_frame, self.encode_last = on_frame, encode_last
+        self.eos = torch.tensor(eos_ids, device=self.decoder.device)
+        self.done: list[torch.Tensor] = list(self.plan.resume.done) if self.plan.resume else []
+        self.first = self.plan.resume.block if self.plan.resume else 0
+        self.blocks = num_blocks(knobs.gen_length, self.decoder.L)
+        self.block, self.step = self.first - 1, 0
+        self.canvas = self.self_cond = self.stop = self.pins = None
+        self.in_block = self.stopped = self.finished = False
+        self.sequence = None
+        self.on_end: Callable[[], None] | None = None  # told once, when the lane finished or paused
+
+    def ready(self) -> bool:
+        """True when the lane has a step to take; False once it finished or paused."""
+        while not self.finished:
+            if not self.in_block:
+                self._open()
+            elif self.step >= self.stepper.steps:
+                self._end_block()
+            elif self.plan.end is not None and self.step >= self.plan.end:
+                self._pause()
+            else:
+                return True
+        return False
+
+    def _open(self) -> None:
+        self.block += 1
+        if self.block >= self.blocks:
+            self._finish()
+            return
+        d = self.decoder
+        self.pins = self.plan.pins.for_block(self.block, d.L, d.device) if self.plan.pins is not None else None
+        canvas, self.self_cond, self.stop, self.step = _open_block(d, self.plan, self.block, self.first, self.done,
+                                                                   self.knobs, self.stepper, self.generator)
+        self.canvas, self.stopped, self.in_block = _pin(canvas, self.pins), False, True
+
+    def advance(self, logits) -> None:
+        """One step of the block from the decoder's logits for this lane's canvas."""
+        d, pins, step = self.decoder, self.pins, self.step
+        out = self.stepper.step(logits.to(d.device), step, self.canvas, self.generator, d.logits)
+        self_cond = out.pred_logits
+        entropy = step_entropy(self_cond, out.entropy, self.stop.confidence)
+        canvas, by_stop, stopped = self.stop.apply(out.canvas, self_cond, entropy)
+        canvas = _pin(canvas, pins)
+        pinned = None if pins is None else pins[0]
+        canvas, constrained = self.guide.apply(self.block, self.done, canvas, out.committed | by_stop, self_cond,
+                                               pinned, stopped or step == self.stepper.steps - 1)
+        frame = self.recorder.add(self.block, step, canvas, out.committed, by_stop, entropy, pinned, constrained)
+        if self.on_frame is not None:
+            self.on_frame(frame)
+        self.canvas, self.self_cond, self.stopped, self.step = canvas, self_cond, stopped, step + 1
+        if stopped:
+            self._end_block()
+
+    def _end_block(self) -> None:
+        self.self_cond, self.in_block = None, False
+        self.recorder.end_block(self.stopped)
+        self.done.append(self.canvas)
+        if torch.isin(self.canvas, self.eos).any():
+            self._finish()
+
+    def _pause(self) -> None:
+        self.plan.paused = Pause(self.block, self.step, self.canvas, self.self_cond, self.stop, self.stepper.state(),
+                                 tuple(self.done))
+        self._end(torch.cat([*self.done, self.canvas], dim=-1))
+
+    def _finish(self) -> None:
+        if self.encode_last:
+            encode_ids(self.decoder.model, self.decoder.cache, self.done[-1])
+        self._end(torch.cat(self.done, dim=-1))
+
+    def _end(self, sequence) -> None:
+        self.sequence, self.finished = sequence, True
+        if self.on_end is not None:
+            self.on_end()
+
+
 @with_compute_threads
 @torch.no_grad()
+def drive(model, lanes: list[Lane], should_cancel: Callable[[], bool] | None = None, forward=None) -> None:
+    """Step every lane to its end: per step one decoder forward (`forward(lanes)`, one logits per lane)
+    for all lanes still working; alone, a lane's own forward."""
+    while True:
+        working = [lane for lane in lanes if lane.ready()]
+        if not working:
+            return
+        if should_cancel is not None and should_cancel():
+            raise Cancelled(sum(len(lane.recorder) for lane in lanes))
+        if len(working) == 1 or forward is None:
+            logits = [lane.decoder.logits(lane.canvas, lane.self_cond) for lane in working]
+        else:
+            logits = forward(working)
+        for lane, lane_logits in zip(working, logits):
+            lane.advance(lane_logits)
+
+
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],
                    recorder: Recorder, on_frame: Callable[[Frame], None] | None = None,
                    should_cancel: Callable[[], bool] | None = None, encode_last: bool = False,
                    plan: LoopPlan | None = None, scheduler=None, guide=None) -> torch.Tensor:
-    """Generate blocks onto `cache` (which grows); returns the ids so far, shape (B, blocks*L).
+    """Generate blocks onto `cache` (which grows); returns the ids so far, shape (1, blocks*L).
 
     `scheduler` is the plan's scheduler adapter, built when not given. A paused run returns its
     finished blocks and the unfinished canvas, and sets `plan.paused`. A `guide`
     (dgemma/guide.py) makes each step's canvas satisfy a constraint.
     """
-    plan = plan if plan is not None else LoopPlan()
-    guide = guide if guide is not None else UNCONSTRAINED
-    decoder = BlockDecoder(model, cache)
-    stepper = scheduler if scheduler is not None else plan.scheduling.build(knobs, decoder.L, decoder.device)
-    eos = torch.tensor(eos_ids, device=decoder.device)
-    done: list[torch.Tensor] = list(plan.resume.done) if plan.resume else []
-    first = plan.resume.block if plan.resume else 0
-    for block in range(first, num_blocks(knobs.gen_length, decoder.L)):
-        pins = plan.pins.for_block(block, decoder.L, decoder.device) if plan.pins is not None else None
-        canvas, self_cond, stop, step0 = _open_block(decoder, plan, block, first, done, knobs, stepper, generator)
-        canvas, stopped = _pin(canvas, pins), False
-        for step in range(step0, stepper.steps):
-            if plan.end is not None and step >= plan.end:
-                plan.paused = Pause(block, step, canvas, self_cond, stop, stepper.state(), tuple(done))
-                return torch.cat([*done, canvas], dim=-1)
-            if should_cancel is not None and should_cancel():
-                raise Cancelled(len(recorder))
-            out = stepper.step(decoder.logits(canvas, self_cond).to(decoder.device), step, canvas, generator,
-                               decoder.logits)
-            self_cond = out.pred_logits
-            entropy = step_entropy(self_cond, out.entropy, stop.confidence)
-            canvas, by_stop, stopped = stop.apply(out.canvas, self_cond, entropy)
-            canvas = _pin(canvas, pins)
-            pinned = None if pins is None else pins[0]
-            canvas, constrained = guide.apply(block, done, canvas, out.committed | by_stop, self_cond, pinned,
-                                              stopped or step == stepper.steps - 1)
-            frame = recorder.add(block, step, canvas, out.committed, by_stop, entropy, pinned, constrained)
-            if on_frame is not None:
-                on_frame(frame)
-            if stopped:
-                break
-        del self_cond
-        recorder.end_block(stopped)
-        done.append(canvas)
-        if torch.isin(canvas, eos).any():
-            break
-    if encode_last:
-        encode_ids(model, cache, done[-1])
-    return torch.cat(done, dim=-1)
+    lane = Lane(model, cache, knobs, generator, eos_ids, recorder, on_frame, encode_last, plan, scheduler, guide)
+    drive(model, [lane], should_cancel)
+    return lane.sequence

@@ -13,6 +13,9 @@
   (`merged_tie_patterns`), searched as the compiled pattern it is, and its quantization schemes
   list their dataclass fields from a cache (`cached_scheme_fields`).
 - Python: the cyclic garbage collector pauses while a load builds its model (`paused_gc`).
+- transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
+  numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/batch.py);
+  every other call is sdpa's own.
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
 just the number), is logged once, and edits no installed file.
@@ -388,3 +391,4 @@ def step_with_entropy(scheduler, logits, step: int, canvas, generator):
     if entropy is None or entropy.shape != canvas.shape:  # not the acceptance entropy: measure it ourselves
         entropy = torch.distributions.Categorical(logits=out.pred_logits.float()).entropy()
     return out, entropy
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,13 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .batch import BatchForward, fitting_batch
 from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
 from .errors import InputError
 from .excision import excise, thought_text
 from .guide import guide_for
 from .knobs import Knobs
-from .loop import LoopPlan, denoise_blocks, num_blocks
+from .loop import Cancelled, Lane, LoopPlan, drive, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .pins import report as pin_report
 from .resume import Advanced, Resume, check_advanced
@@ -170,18 +172,89 @@ def resumed_start(req: Request) -> Start:
 def run(req: Request, *, on_frame: Callable[[Frame], None] | None = None,
         should_cancel: Callable[[], bool] | None = None) -> RunResult:
     """Run a prepared request to its end or its window's end."""
+    report = None if on_frame is None else (lambda index, frame: on_frame(frame))
+    return run_batch([req], on_frame=report, should_cancel=should_cancel)[0]
+
+
+def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
+              should_cancel: Callable[[], bool] | None = None, max_batch: int | None = None,
+              on_settled: Callable[[int], None] | None = None) -> list[RunResult]:
+    """Run prepared requests of one model together, `max_batch` at a time (None: as many as fit in free
+    memory): one decoder forward per step for every item still working, everything else (generator,
+    scheduler, stop, pins, constraint, record) per item, so each result is its solo run's.
+    `on_frame(index, frame)` reports each step, `on_settled(index)` each item that finished or paused."""
+    check_batch(requests, max_batch)
+    size = max_batch or (fitting_batch(requests) if len(requests) > 1 else 1)
+    results: list[RunResult] = []
+    for lo in range(0, len(requests), size):
+        items = []
+        for index, req in enumerate(requests[lo:lo + size], lo):
+            if items and should_cancel is not None and should_cancel():
+                raise Cancelled(0)
+            items.append(_launch(req, None if on_frame is None else functools.partial(on_frame, index)))
+            if on_settled is not None:
+                _tell_settled(items[-1], functools.partial(on_settled, index))
+        lanes = [item.lane for item in items if item.lane is not None]
+        if lanes:
+            model = requests[0].dm.model
+            drive(model, lanes, should_cancel, BatchForward(model))
+        results += [_result(item) for item in items]
+    return results
+
+
+def check_batch(requests, max_batch=None) -> None:
+    """Prepared requests of one model, refused (naming the item) before any model work."""
+    for index, req in enumerate(requests):
+        if not isinstance(req, Request):
+            raise InputError("requests", f"item {index} is a {type(req).__name__}, not a prepared Request; "
+                                         "make each with prepare()")
+        if req.dm is not requests[0].dm:
+            raise InputError("model", f"item {index} uses another model than item 0; a batch runs on one "
+                                      "model, so run each model's items apart")
+        if any(req is other for other in requests[:index]):  # a constraint's guide keeps state per run
+            raise InputError("requests", f"item {index} is the same Request as an earlier item; prepare each "
+                                         "item, even a repeated prompt, on its own")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise InputError("max_batch", f"max_batch must be a whole number of items of at least 1, got "
+                                      f"{max_batch!r}")
+
+
+def _tell_settled(item, told) -> None:
+    if item.lane is None:
+        told()  # a resumed run that had finished: nothing left to run
+    else:
+        item.lane.on_end = told
+
+
+@dataclass(eq=False)
+class _Item:
+    """One request under way: its plan, scheduler adapter, recorder, start and lane (None: nothing to run)."""
+
+    req: Request
+    plan: LoopPlan
+    scheduler: object
+    recorder: Recorder
+    start: Start
+    lane: Lane | None
+
+
+def _launch(req: Request, on_frame) -> _Item:
     dm, knobs, resume = req.dm, req.knobs, req.resume
     plan = dataclasses.replace(req.plan)  # the loop notes its pause on the plan
     scheduler = plan.scheduling.build(knobs, dm.canvas_length, input_device(dm.model))
     recorder = Recorder(knobs, dm.canvas_length, dm.token_strings, resumed=resume.recorded if resume else None,
                         clock=scheduler, knob_set=None if req.plain else req.advanced.knob_set(knobs))
     start = resumed_start(req) if resume is not None else fresh_start(req)
-    if start.cache is None:
-        sequence = resume.ids
-    else:
-        sequence = denoise_blocks(dm.model, start.cache, knobs, start.generator, dm.eos_ids, recorder,
-                                  on_frame=on_frame, should_cancel=should_cancel,
-                                  encode_last=req.advance_context, plan=plan, scheduler=scheduler, guide=req.guide)
+    lane = None if start.cache is None else Lane(
+        dm.model, start.cache, knobs, start.generator, dm.eos_ids, recorder, on_frame,
+        encode_last=req.advance_context, plan=plan, scheduler=scheduler, guide=req.guide)
+    return _Item(req, plan, scheduler, recorder, start, lane)
+
+
+def _result(item: _Item) -> RunResult:
+    req, plan, scheduler, recorder, start = item.req, item.plan, item.scheduler, item.recorder, item.start
+    dm, knobs, resume = req.dm, req.knobs, req.resume
+    sequence = resume.ids if item.lane is None else item.lane.sequence
     summary = req.context.summary() if req.context is not None else None
     run_id = uuid.uuid4().hex
     named = () if req.plain else (scheduler.diffusers_name, scheduler.config())

@@ -16,6 +16,11 @@ SCHEDULER_HELP = ("Which diffusers scheduler runs the steps: entropy_bound (the 
 PINS_HELP = ("Text held in place on the canvas. A template pins its text at the start of the answer, each blank "
              "(___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; a line '12: text' pins "
              "text from answer position 12. Empty: no pins.")
+MAX_PROMPTS = 64
+PROMPTS_HELP = ("Several turns answered together as one batch (one decoder forward per step for them all), each "
+                "exactly as a call with that prompt and the same other arguments, except that item i uses seed + i "
+                "so the answers differ; the result's items hold one result per prompt, in order. Not with prompt or "
+                f"resume; at most {MAX_PROMPTS}.")
 IMAGE_HELP = ("A picture the model reads before the text: base64 PNG or JPEG (bare or as a data: URL), or a path "
               "to a picture file under the server's image folders (--image-dir, default ./input).")
 
@@ -41,6 +46,8 @@ def generate_args() -> list[Arg]:
     return [
         text_arg("prompt", "The user turn, rendered through the model's chat template. May be empty when a "
                            "context or image is given; on resume it defaults to the paused run's."),
+        Arg("prompts", {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PROMPTS,
+                        "description": PROMPTS_HELP}),
         text_arg("context", "Optional raw CONTEXT text (no chat framing), encoded for this run before the turn; "
                             "with context_handle it continues that context."),
         text_arg("context_handle", "Optional handle from the encode tool; the encoded context is never modified."),

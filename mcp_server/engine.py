@@ -23,7 +23,7 @@ from ..dgemma.errors import InputError
 from ..dgemma.knobs import Knobs
 from ..dgemma.loading import load_model
 from ..dgemma.resume import Advanced
-from ..dgemma.run import generate
+from ..dgemma.run import generate, prepare, run_batch
 from ..dgemma.schedulers import Scheduling
 
 MAX_PAUSED = 4   # paused runs kept; each holds a canvas x vocab logits tensor and a cache
@@ -63,6 +63,7 @@ class Request:
     pins: str = ""
     resume: str = ""
     constraint: object = None                         # a dgemma Constraint; None: unconstrained
+    prompts: tuple = ()                               # several turns as one batch (then `prompt` is unused)
 
 
 class Engine:
@@ -170,6 +171,33 @@ class Engine:
                               should_cancel=run.cancel.is_set, advanced=advanced, constraint=req.constraint)
             handle = self.keep(dm, result)
         return dm, result, handle
+
+    def generate_many(self, req: Request, on_frame=None, on_settled=None):
+        """Several prompts as one batch, item i with seed + i; returns (model, [(RunResult, paused handle)]),
+        or raises Cancelled. A refusal names the item."""
+        knobs = Knobs(**req.knobs)
+        with self.claim("generate") as run:
+            dm = self.model()
+            context = self.context(req.context_handle) if req.context_handle else None
+            advanced = Advanced(Scheduling(**req.scheduling), req.start_step, req.end_step, req.pins)
+            if req.context_text:
+                context = encode_context(dm, req.context_text, onto=context, should_cancel=run.cancel.is_set)
+            requests = []
+            for index, prompt in enumerate(req.prompts):
+                mine = dataclasses.replace(knobs, seed=(knobs.seed + index) % 2**64)
+                try:
+                    requests.append(prepare(dm, prompt, mine, context=context, image=req.image, advanced=advanced,
+                                            constraint=req.constraint))
+                except InputError as err:
+                    raise InputError(err.name, f"prompts item {index}: {err}") from None
+
+            def frame(index, f):
+                run.steps_done += 1
+                if on_frame is not None:
+                    on_frame(index, f, run.steps_done)
+
+            results = run_batch(requests, on_frame=frame, should_cancel=run.cancel.is_set, on_settled=on_settled)
+            return dm, [(result, self.keep(dm, result)) for result in results]
 
     def keep(self, dm, result) -> str | None:
         """Keep the run for its run log, and a paused run's resume data under a new handle (bounded)."""

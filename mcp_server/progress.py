@@ -60,3 +60,21 @@ class StepMessages:
         if len(text) > MAX_CHARS:
             text = "\u2026" + text[-MAX_CHARS:]
         return self.total, f"{Caption.live(frame, self.blocks, self.steps).text()}: {text}"
+
+
+class BatchMessages:
+    """Progress of several prompts run as one batch: the sum of their totals, and the latest item's text."""
+
+    def __init__(self, items: list[StepMessages]):
+        self.items = items
+        self.done = [0] * len(items)   # steps of each item so far
+        self.totals = [m.total for m in items]
+
+    def update(self, index: int, frame) -> tuple[int, str]:
+        self.done[index] += 1
+        self.totals[index], text = self.items[index].update(frame, self.done[index])
+        return sum(self.totals), f"item {index + 1}/{len(self.items)} · {text}"
+
+    def settle(self, index: int) -> None:
+        """The item ended: what it ran is its whole budget (a stop its frames cannot show included)."""
+        self.totals[index] = self.done[index]

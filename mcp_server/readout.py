@@ -16,7 +16,7 @@ from ..dgemma.schedulers import SCHEDULER_KNOBS, Scheduling
 from . import inputs
 from .engine import Request
 from .progress import StepMessages
-from .results import CanvasStateOut, GenerateOut
+from .results import CanvasStateOut, GenerateOut, ItemOut
 
 RUNLOG_URI = "dgemma://runs/{run_id}/runlog.jsonl"
 HIDDEN_STATE = ("raw_ids", "answer_ids")  # ids are long and the text already says them
@@ -48,8 +48,13 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
     prompt = v["prompt"] if raw.get("prompt") is not None or resume is None else resume.prompt
     rule = v["constraint"]  # the SDK hands a JSON Schema over as an object
     constraint = Constraint(v["constraint_type"], json.dumps(rule) if isinstance(rule, dict) else rule)
+    prompts = tuple(v["prompts"] or ())
+    if prompts and (resume is not None or raw.get("prompt")):
+        raise InputError("prompts", "prompts cannot be given with prompt or resume: a batch answers its own list "
+                                    "of turns; give prompts alone, or prompt alone")
     return Request(prompt, knobs, v["context"], v["context_handle"], picture, scheduling,
-                   inputs.start_step(v["start_step"], resume), v["end_step"], pick("pins"), v["resume"], constraint)
+                   inputs.start_step(v["start_step"], resume), v["end_step"], pick("pins"), v["resume"], constraint,
+                   prompts)
 
 
 def check_with_resume(resume, raw: dict) -> None:
@@ -88,13 +93,24 @@ def generate_out(result, handle, files: dict) -> GenerateOut:
                        paused_handle=handle, runlog_uri=RUNLOG_URI.format(run_id=result.config.run_id), **files)
 
 
+def batch_out(results, files: list[dict]) -> GenerateOut:
+    """What generate returns for several prompts: one item per prompt, and a one-line summary."""
+    items = [ItemOut(prompt=r.config.prompt, **generate_out(r, handle, f).model_dump(
+        include={"text", "canvas_state", "config", "paused_handle", "runlog_uri", "runlog", "gif"}))
+        for (r, handle), f in zip(results, files)]
+    answers = " | ".join(i.text.replace("\n", " ")[:60] for i in items)
+    return GenerateOut(cancelled=False, steps_done=sum(r.state.steps_used for r, _ in results),
+                       message=f"{len(items)} answers: {answers}", items=items)
+
+
 def content(out: GenerateOut, gif_path: str | None = None) -> list:
     """What a model reads: the result as JSON text, the GIF as an image, the run log as a resource link."""
     blocks = [TextContent(type="text", text=out.model_dump_json(exclude_none=True))]
     if gif_path:
         with open(gif_path, "rb") as fh:
             blocks.append(ImageContent(type="image", data=base64.b64encode(fh.read()).decode(), mime_type="image/gif"))
-    if out.runlog_uri:
-        blocks.append(ResourceLink(type="resource_link", uri=out.runlog_uri, name="runlog",
+    links = [out.runlog_uri] if out.runlog_uri else [item.runlog_uri for item in out.items or ()]
+    for uri in links:
+        blocks.append(ResourceLink(type="resource_link", uri=uri, name="runlog",
                                    mime_type="application/jsonl", description="the run's dg-runlog/1 log"))
     return blocks

@@ -35,6 +35,19 @@ class CanvasStateOut(BaseModel):
     run_id: str = _f("Id shared by this run's trace, config and run log.")
 
 
+class ItemOut(BaseModel):
+    """One prompt's result in a generate call with prompts."""
+
+    prompt: str = _f("The turn this item answered.")
+    text: str = _f("The answer.")
+    canvas_state: CanvasStateOut = _f("The honesty readout.")
+    config: dict[str, Any] = _f("Everything needed to repeat this item alone (its seed included).")
+    paused_handle: str | None = _f("Handle of this item's paused run, when the window paused it.", None)
+    runlog_uri: str = _f("Resource URI of this item's dg-runlog/1 log.")
+    runlog: str | None = _f("Path of this item's run log file, when runlog was true.", None)
+    gif: str | None = _f("Path of this item's GIF, when gif was true.", None)
+
+
 class GenerateOut(BaseModel):
     """What generate returns."""
 
@@ -53,6 +66,7 @@ class GenerateOut(BaseModel):
     runlog: str | None = _f("Path of the run log file written, when runlog was true.", None)
     gif: str | None = _f("Path of the GIF written, when gif was true (the GIF also comes back as image content).",
                          None)
+    items: list[ItemOut] | None = _f("With prompts: one result per prompt, in order; null otherwise.", None)
 
 
 class EncodeOut(BaseModel):

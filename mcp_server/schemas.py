@@ -75,6 +75,9 @@ def check_value(name: str, value, schema: dict) -> None:
                                "pass true or false without quotes")
     if kind == "string" and not isinstance(value, str):
         raise InputError(name, f"{name} must be a string, got {value!r} ({_kind(value)}); pass it as text")
+    if kind == "array" and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+        raise InputError(name, f"{name} must be a list of strings, got {value!r} ({_kind(value)}); pass a JSON "
+                               'array such as ["What is 2+2?", "What is 3+4?"]')
     if "enum" in schema and value not in schema["enum"]:
         raise InputError(name, f"{name} must be one of {', '.join(map(str, schema['enum']))}, got {value!r}")
     if kind in ("integer", "number") and (isinstance(value, (bool, str, list, dict)) or value is None):

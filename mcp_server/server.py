@@ -24,7 +24,8 @@ from .args import encode_args, generate_args, loader_args
 from .engine import Engine
 from .inputs import folder, image
 from .outputs import runlog_text, write_outputs
-from .readout import RUNLOG_URI, content, generate_out, progress_of, refusals, request
+from .progress import BatchMessages
+from .readout import RUNLOG_URI, batch_out, content, generate_out, progress_of, refusals, request
 from .results import CancelOut, EncodeOut, FreeOut, GenerateOut, StatusOut
 from .schemas import Arg, given, make_tool
 
@@ -57,6 +58,8 @@ def generate_tool(engine: Engine) -> Tool:
         with refusals():
             req = request(engine, v, values, image(v["image"], engine.image_dirs) if v["image"] else None)
             out_dir = folder(v["output_dir"])  # refused before the run, not after it
+        if req.prompts:
+            return await in_thread(engine, lambda: batch_result(engine, req, ctx, out_dir, v))
         messages = None
 
         def on_frame(frame, done):
@@ -70,8 +73,7 @@ def generate_tool(engine: Engine) -> Tool:
             try:
                 dm, result, handle = engine.generate(req, on_frame=on_frame)
             except Cancelled as exc:
-                out = GenerateOut(cancelled=True, steps_done=exc.steps_done, message=str(exc))
-                return CallToolResult(content=content(out), structured_content=out.model_dump(mode="json"))
+                return cancelled_result(exc)
             return content_result(dm, result, handle, out_dir, v)
 
         return await in_thread(engine, work)
@@ -79,6 +81,34 @@ def generate_tool(engine: Engine) -> Tool:
     return make_tool(generate, args, Annotated[CallToolResult, GenerateOut],
                      ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
                                      open_world_hint=False))
+
+
+def cancelled_result(exc: Cancelled) -> CallToolResult:
+    out = GenerateOut(cancelled=True, steps_done=exc.steps_done, message=str(exc))
+    return CallToolResult(content=content(out), structured_content=out.model_dump(mode="json"))
+
+
+def batch_result(engine: Engine, req, ctx: Context, out_dir: Path, v: dict) -> CallToolResult:
+    """Several prompts as one batch, with one progress notification per item step."""
+    messages = None
+
+    def on_frame(index, frame, done):
+        nonlocal messages
+        if messages is None:  # the inputs are valid and the model loaded once frames arrive
+            messages = BatchMessages([progress_of(engine, req) for _ in req.prompts])
+        total, text = messages.update(index, frame)
+        anyio.from_thread.run(ctx.report_progress, done, total, text)
+
+    def on_settled(index):
+        if messages is not None:
+            messages.settle(index)
+
+    try:
+        dm, results = engine.generate_many(req, on_frame=on_frame, on_settled=on_settled)
+    except Cancelled as exc:
+        return cancelled_result(exc)
+    out = batch_out(results, [write_outputs(dm, r, out_dir, v["runlog"], v["gif"]) for r, _ in results])
+    return CallToolResult(content=content(out), structured_content=out.model_dump(mode="json"))
 
 
 def content_result(dm, result, handle, out_dir: Path, v: dict) -> CallToolResult:

@@ -3,6 +3,7 @@
 from . import host
 from .encode import DGemmaEncode
 from .loader import DGemmaLoader
+from .prompt_list import DGemmaPromptList
 from .remote_loader import DGemmaRemoteLoader
 from .runlog_writer import DGemmaRunLogWriter
 from .sampler import DGemmaDenoise, DGemmaSampler
@@ -20,6 +21,7 @@ NODE_CLASS_MAPPINGS = {
     "DGemmaEncode": DGemmaEncode,
     "DGemmaTrace": DGemmaTrace,
     "DGemmaRunLogWriter": DGemmaRunLogWriter,
+    "DGemmaPromptList": DGemmaPromptList,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -31,4 +33,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaEncode": "DiffusionGemma Encode (KV Cache)",
     "DGemmaTrace": "DiffusionGemma Trace",
     "DGemmaRunLogWriter": "DiffusionGemma Run Log Writer",
+    "DGemmaPromptList": "DiffusionGemma Prompt List",
 }

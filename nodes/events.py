@@ -103,3 +103,70 @@ class StepStream:
         interrupted = "Interrupt" in type(error).__name__ or type(error).__name__ == "Cancelled"
         return {"node": self.node, "status": "interrupted" if interrupted else "error",
                 "message": str(error)[:MAX_TEXT], "steps_used": self.count}
+
+
+class BatchStream:
+    """The events of one node's list run: one StepStream per item, painted as rows of one view.
+
+    A single item sends exactly a single run's events. Several add the item count and each item's
+    blocks and steps to the start, and to every step the item it belongs to and the items settled
+    so far (item index -> its steps).
+    """
+
+    def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int, token_strings):
+        self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings) for blocks, steps in rows]
+        self.settled: dict[str, int] = {}
+
+    @property
+    def items(self) -> int:
+        return len(self.streams)
+
+    def start(self, resumed: list, asked: list | None = None) -> dict:
+        """`resumed`: per item the `Recorded` steps it resumes from, or None; `asked`: per item its prompt
+        and image thumbnail (see StepStream.start)."""
+        asked = asked if asked is not None else [None] * self.items
+        events = [s.start(r, a) for s, r, a in zip(self.streams, resumed, asked)]
+        if self.items == 1:
+            return events[0]
+        own = ("resumed", "asked")  # each row's own
+        rows = [{"blocks": s.blocks, "steps": s.steps, **{k: e[k] for k in own if k in e}}
+                for s, e in zip(self.streams, events)]
+        first = {k: v for k, v in events[0].items() if k not in own}
+        return {**first, "blocks": max(r["blocks"] for r in rows), "steps": max(r["steps"] for r in rows),
+                "items": self.items, "rows": rows}
+
+    def step(self, index: int, frame) -> dict:
+        event = self.streams[index].step(frame)
+        return event if self.items == 1 else {**event, "item": index, "items": self.items,
+                                              "settled": dict(self.settled)}
+
+    def settle(self, index: int) -> None:
+        self.settled[str(index)] = self.streams[index].count
+
+    def progress_text(self, index: int, frame) -> str:
+        text = self.streams[index].progress_text(frame)
+        if self.items == 1:
+            return text
+        return f"{len(self.settled)} of {self.items} items settled · item {index + 1}: {text}"
+
+    def done_text(self, results) -> str:
+        if self.items == 1:
+            return self.streams[0].done_text(results[0].state.steps_used, results[0].text, results[0].state.paused)
+        texts = " | ".join(r.text.replace("\n", " ") for r in results)
+        if len(texts) > MAX_PROGRESS_TEXT:
+            texts = texts[:MAX_PROGRESS_TEXT - 1] + "…"
+        return f"done · {self.items} items settled, {sum(r.state.steps_used for r in results)} steps\n{texts}"
+
+    def done(self, results) -> dict:
+        ends = [s.done(r.state.steps_used, r.text, r.state.paused) for s, r in zip(self.streams, results)]
+        if self.items == 1:
+            return ends[0]
+        return {"node": ends[0]["node"], "status": "done", "steps_used": sum(e["steps_used"] for e in ends),
+                "text": ends[0]["text"], "paused": any(e["paused"] for e in ends), "items": ends}
+
+    def failed(self, error: BaseException) -> dict:
+        event = self.streams[0].failed(error)
+        if self.items == 1:
+            return event
+        return {**event, "steps_used": sum(s.count for s in self.streams), "items": self.items,
+                "settled": len(self.settled)}

@@ -1,8 +1,10 @@
-"""DGemmaSampler and DGemmaDenoise: one engine run, with live events, progress and Cancel."""
+"""DGemmaSampler and DGemmaDenoise: a prompt, or a list of them as one batch, with live events, progress and Cancel."""
 
 from __future__ import annotations
 
-from ..dgemma.backend import backend_of, constraint_options
+from dataclasses import dataclass
+
+from ..dgemma.backend import backend_of, constraint_options, run_items
 from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
@@ -10,7 +12,7 @@ from ..dgemma.schedulers import Scheduling
 from ..dgemma.tokens import frame_texts
 from ..dgemma.vision import image_record
 from . import host, memory
-from .events import DONE, START, STEP, StepStream
+from .events import DONE, START, STEP, BatchStream
 from .schema import (
     CATEGORY,
     KV_CACHE,
@@ -23,6 +25,7 @@ from .schema import (
     image_input,
     knob_inputs,
     model_input,
+    naming_item,
     output_spec,
 )
 
@@ -32,31 +35,40 @@ TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before dec
 
 
 class LiveRun:
-    """What one node's run shows in ComfyUI: the live view's events, the progress bar and text."""
+    """What one node's run shows in ComfyUI (all its list items): the live view's events, the progress
+    bar and text."""
 
-    def __init__(self, node_id, model, knobs, advanced, prompt: str = "", image=None):
-        self.model, self.resume = model, advanced.resume if advanced is not None else None
-        blocks = num_blocks(knobs.gen_length, model.canvas_length)
-        self.steps = (advanced.scheduling if advanced is not None else Scheduling()).steps(knobs)
-        self.total = blocks * self.steps
-        self.stream = StepStream(str(node_id) if node_id is not None else "", blocks, self.steps,
-                                 model.canvas_length, model.token_strings)
+    def __init__(self, node_id, calls):
+        model = calls[0].model
+        rows = [(num_blocks(c.knobs.gen_length, model.canvas_length),
+                 (c.advanced.scheduling if c.advanced is not None else Scheduling()).steps(c.knobs)) for c in calls]
+        self.model, self.rows = model, rows
+        self.resumed = [c.advanced.resume.recorded if c.advanced is not None and c.advanced.resume is not None
+                        else None for c in calls]
+        self.asked = [(c.prompt, c.options["image"]) for c in calls]
+        self.total = sum(blocks * steps for blocks, steps in rows)
+        self.reached = [0] * len(calls)
+        self.stream = BatchStream(str(node_id) if node_id is not None else "", rows, model.canvas_length,
+                                  model.token_strings)
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
         self.live = host.live()
-        self.prompt, self.image = prompt, image
 
     def start(self) -> None:
         if self.live:
-            thumb = image_record(self.image)["thumbnail"] if self.image is not None else None
-            host.send(START, self.stream.start(self.resume.recorded if self.resume is not None else None,
-                                               {"prompt": self.prompt, "thumbnail": thumb}))
+            asked = [{"prompt": prompt, "thumbnail": image_record(image)["thumbnail"] if image is not None else None}
+                     for prompt, image in self.asked]
+            host.send(START, self.stream.start(self.resumed, asked))
 
-    def frame(self, frame) -> None:
+    def frame(self, index, frame) -> None:
         if self.live:
             split = getattr(self.model, "placement_note", "")  # a remote model has no local placement
-            self.note.show(self.stream.progress_text(frame) + (f"\n{split}" if split else ""))
-            host.send(STEP, self.stream.step(frame))
-        self.bar.to(frame.block * self.steps + frame.step + 1)
+            self.note.show(self.stream.progress_text(index, frame) + (f"\n{split}" if split else ""))
+            host.send(STEP, self.stream.step(index, frame))
+        self.reached[index] = frame.block * self.rows[index][1] + frame.step + 1
+        self.bar.to(sum(self.reached))
+
+    def settle(self, index) -> None:
+        self.stream.settle(index)
 
     def failed(self, err: BaseException) -> None:
         if self.live:
@@ -64,51 +76,103 @@ class LiveRun:
             self.note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
             host.send(DONE, ended)
 
-    def done(self, result) -> None:
+    def done(self, results) -> None:
         self.bar.to(self.total)
         if self.live:
-            state = result.state
-            self.note.show(self.stream.done_text(state.steps_used, result.text, state.paused), force=True)
-            host.send(DONE, self.stream.done(state.steps_used, result.text, state.paused))
+            self.note.show(self.stream.done_text(results), force=True)
+            host.send(DONE, self.stream.done(results))
 
 
-def run_node(node_id, model, prompt, kv_cache=None, advance=False, advanced=None, image=None, constraint=None,
-             **knobs):
-    """Run the engine for a node and shape its outputs; events and progress go to ComfyUI."""
+@dataclass(frozen=True, eq=False)
+class Call:
+    """One list item of a sampler node, checked: the engine's inputs and whether it advances the context."""
+
+    model: object
+    prompt: str
+    knobs: object
+    advanced: object
+    options: dict  # context, image, advance_context, advanced and constraint, as `generate` takes them
+    advance: bool
+
+
+def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image=None, constraint=None,
+               **knobs) -> Call:
+    """Every check of one item before any event or model work."""
     engine = backend_of(model)  # this process's engine, or a remote model's server
     resuming = advanced is not None and advanced.resume is not None
     with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
         options = constraint_options(model, constraint, knobs.gen_length)
-    view = LiveRun(node_id, model, knobs, advanced, prompt, image)
+    options = {"context": kv_cache, "image": image, "advance_context": advance, "advanced": advanced, **options}
+    return Call(model, prompt, knobs, advanced, options, advance)
+
+
+def list_items(inputs: dict) -> list[dict]:
+    """ComfyUI's list rule: as many items as the longest list; a shorter list repeats its last value."""
+    lists = {k: v if isinstance(v, list) else [v] for k, v in inputs.items()}
+    count = max((len(v) for v in lists.values()), default=1)
+    return [{k: v[min(i, len(v) - 1)] for k, v in lists.items() if v} for i in range(count)]
+
+
+def run_calls(node_id, calls: list[Call]) -> list:
+    """Run checked items (batched on a local model, as many at once as fit in free memory), with events and
+    progress for all of them."""
+    view = LiveRun(node_id, calls)
+    model = calls[0].model
     with memory.running(model, node_id) as lease:
         view.start()
         try:
             with comfy_hints():
-                result = engine.run(model, prompt, knobs, context=kv_cache, image=image, on_frame=view.frame,
-                                    should_cancel=host.check_interrupt, advance_context=advance, advanced=advanced,
-                                    **options)
+                results = run_items(model, [(c.prompt, c.knobs, c.options) for c in calls], on_frame=view.frame,
+                                    on_settled=view.settle, should_cancel=host.check_interrupt)
         except BaseException as err:
             view.failed(err)
             raise
-        if result.state.paused:
+        if any(r.state.paused for r in results):
             lease.keep()  # a paused canvas keeps the model where it is for the node that resumes it
-    view.done(result)
+    view.done(results)
+    return results
+
+
+def item_outputs(call: Call, result) -> tuple:
+    model = call.model
     outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
-               render_images(result.trace, model.token_strings, Asked.of(prompt, result.config.image)), result.config)
-    return outputs + ((result.context,) if advance else ())
+               render_images(result.trace, model.token_strings, Asked.of(call.prompt, result.config.image)),
+               result.config)
+    return outputs + ((result.context,) if call.advance else ())
+
+
+def run_list(node, unique_id, inputs: dict) -> tuple:
+    """A sampler node's call: every list item checked (a refusal names its item), then run as one batch
+    per model; the outputs merged as ComfyUI merges a list run's (a list output's items joined)."""
+    node_id = unique_id[0] if isinstance(unique_id, list) else unique_id
+    items = list_items(inputs)
+    calls = []
+    for index, item in enumerate(items):
+        with naming_item(index, len(items)):
+            calls.append(node.item_call(**item))
+    per_item: list = [None] * len(calls)
+    for model in {id(c.model): c.model for c in calls}.values():  # a list of models: each its own batch
+        indexes = [i for i, c in enumerate(calls) if c.model is model]
+        results = run_calls(node_id, [calls[i] for i in indexes])
+        for i, result in zip(indexes, results):
+            per_item[i] = item_outputs(calls[i], result)
+    return tuple([x for out in per_item for x in out[k]] if listed else [out[k] for out in per_item]
+                 for k, listed in enumerate(node.ITEM_OUTPUT_IS_LIST))
 
 
 class DGemmaSampler:
     CATEGORY = CATEGORY
     FUNCTION = "sample"
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
+    INPUT_IS_LIST = True  # a list of prompts (or of any input) runs as one batch
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
+    OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)  # one value per item; frames: every item's, in order
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
                    "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
                    "An optional image is read by the encoder with the turn. For context from a KV cache use "
-                   "DGemmaDenoise.")
+                   "DGemmaDenoise. A list of prompts denoises as one batch, each item exactly its own run.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -120,8 +184,11 @@ class DGemmaSampler:
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    def sample(self, model, prompt, image=None, unique_id=None, **knobs):
-        return run_node(unique_id, model, prompt, image=image, **knobs)
+    def sample(self, unique_id=None, **inputs):
+        return run_list(self, unique_id, inputs)
+
+    def item_call(self, model, prompt, image=None, **knobs) -> Call:
+        return check_call(model, prompt, image=image, **knobs)
 
 
 DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
@@ -131,7 +198,8 @@ DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
 
 class DGemmaDenoise(DGemmaSampler):
     FUNCTION = "denoise"
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(DENOISE_OUTPUTS)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(DENOISE_OUTPUTS)
+    OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)
     DESCRIPTION = ("DGemmaSampler with an optional kv_cache from DGemmaEncode. prompt is the TURN, kv_cache is "
                    "CONTEXT: both wired is a composed run (the turn is prefilled after the context), an empty "
                    "prompt is pure injection, no cache is exactly the Sampler. Works for any gen_length; the "
@@ -144,7 +212,10 @@ class DGemmaDenoise(DGemmaSampler):
         spec["optional"] = {"kv_cache": context_input(), "image": image_input(), **constraint_inputs()}
         return spec
 
-    def denoise(self, model, prompt, kv_cache=None, image=None, unique_id=None, constraint_type=None,
-                constraint=None, **knobs):
-        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advance=True, image=image,
-                        constraint=constraint_of(constraint_type, constraint), **knobs)
+    def denoise(self, unique_id=None, **inputs):
+        return run_list(self, unique_id, inputs)
+
+    def item_call(self, model, prompt, kv_cache=None, image=None, constraint_type=None, constraint=None,
+                  **knobs) -> Call:
+        return check_call(model, prompt, kv_cache=kv_cache, advance=True, image=image,
+                          constraint=constraint_of(constraint_type, constraint), **knobs)

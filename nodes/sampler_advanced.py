@@ -7,7 +7,7 @@ from ..dgemma.payloads import CanvasState
 from ..dgemma.pins import check_shape
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
-from .sampler import TURN_TOOLTIP, DGemmaSampler, run_node
+from .sampler import TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
 from .schema import (
     CANVAS_STATE,
     RESUME_HINTS,
@@ -47,7 +47,8 @@ def resume_of(canvas_state):
 
 class DGemmaSamplerAdvanced(DGemmaSampler):
     FUNCTION = "sample_advanced"
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(ADVANCED_OUTPUTS)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(ADVANCED_OUTPUTS)
+    OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)
     DESCRIPTION = ("The Sampler with a choice of scheduler, a window [start_step, end_step) of the schedule (like "
                    "KSamplerAdvanced: it enters the first block at start_step, pauses at end_step), pins that "
                    "hold text in place (infilling), and a canvas_state that the next Advanced sampler resumes "
@@ -78,20 +79,22 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         """The pins' shape, checked before any node of the prompt runs; it names only `pins`, so ComfyUI
         keeps its own range and choice checks for every other input (the window is checked at run start)."""
         try:
-            if pins is not None:
-                check_shape(pins)
+            for text in pins if isinstance(pins, list) else [pins]:  # a list node is validated with lists
+                if text is not None:
+                    check_shape(text)
         except InputError as err:
             return str(err)
         return True
 
-    def sample_advanced(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None,
-                        canvas_state=None, image=None, unique_id=None, constraint_type=None, constraint=None,
-                        **knobs):
+    def sample_advanced(self, unique_id=None, **inputs):
+        return run_list(self, unique_id, inputs)
+
+    def item_call(self, model, prompt, scheduler, start_step, end_step, pins, kv_cache=None, canvas_state=None,
+                  image=None, constraint_type=None, constraint=None, **knobs) -> Call:
         own = {k: knobs.pop(k) for k in list(knobs) if k in SCHEDULER_KNOBS}
         with comfy_hints(RESUME_HINTS):
             resume = resume_of(canvas_state)
         with comfy_hints():
             advanced = Advanced(Scheduling(scheduler, **own), start_step, end_step, pins, resume)
             rule = constraint_of(constraint_type, constraint)
-        return run_node(unique_id, model, prompt, kv_cache=kv_cache, advanced=advanced, image=image,
-                        constraint=rule, **knobs)
+        return check_call(model, prompt, kv_cache=kv_cache, advanced=advanced, image=image, constraint=rule, **knobs)

@@ -84,6 +84,17 @@ def comfy_hints(hints: dict | None = None):
         raise InputError(err.name, f"{err} (in ComfyUI: {hint})") from None
 
 
+@contextmanager
+def naming_item(index: int, count: int):
+    """Name the list item in a refusal when the node runs a list (a single item's message is unchanged)."""
+    try:
+        yield
+    except InputError as err:
+        if count == 1:
+            raise
+        raise InputError(err.name, f"list item {index} of {count}: {err}") from None
+
+
 def model_input() -> tuple:
     return (MODEL, {"tooltip": "A loaded DiffusionGemma model (from DGemmaLoader)."})
 

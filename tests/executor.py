@@ -16,7 +16,11 @@ HIDDEN = {"UNIQUE_ID": "17", "PROMPT": {}, "EXTRA_PNGINFO": None}
 
 
 def call(cls, **inputs):
-    """INPUT_TYPES -> FUNCTION(**inputs, hidden...) -> (outputs, ui); checks names, types, lists."""
+    """INPUT_TYPES -> FUNCTION(**inputs, hidden...) -> (outputs, ui); checks names, types, lists.
+
+    A list node (a sampler) given no list returns its one item's outputs, as a downstream node sees
+    them; given lists, its lists.
+    """
     spec = cls.INPUT_TYPES()
     missing = set(spec.get("required", {})) - set(inputs)
     assert not missing, f"missing required inputs {missing}"
@@ -38,4 +42,8 @@ def call(cls, **inputs):
             if kind == "IMAGE":
                 assert item.dtype == torch.float32 and item.ndim == 4 and item.shape[-1] == 3
                 assert 0.0 <= float(item.min()) and float(item.max()) <= 1.0
+    per_item = getattr(cls, "ITEM_OUTPUT_IS_LIST", None)
+    if per_item is not None and not any(isinstance(v, list) for v in inputs.values()):
+        assert all(len(v) == 1 for v, listed in zip(out, per_item) if not listed)
+        out = tuple(v if listed else v[0] for v, listed in zip(out, per_item))
     return out, ui

@@ -260,3 +260,32 @@ def test_without_the_sdk_the_command_says_how_to_install_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mcp_server"], cwd=REPO, capture_output=True, text=True,
                           check=False, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert proc.returncode == 2 and "pip install 'mcp>=2,<3'" in proc.stderr and proc.stdout == ""
+
+
+def test_generate_with_several_prompts_runs_them_as_one_batch(demo_model, tmp_path):
+    notes = []
+
+    async def on_progress(progress, total, text):
+        notes.append((progress, total, text))
+
+    srv = serve(demo_model)
+    prompts = ["What is 3+4?", "What is 2+2?", "What is 5+6?"]
+    result = call(srv, "generate", {"prompts": prompts, "seed": 10, "runlog": True, "output_dir": str(tmp_path),
+                                    "context": "Numbers are words."}, progress_callback=on_progress)
+    out = result.structured_content
+    assert not result.is_error and out["text"] is None and [i["prompt"] for i in out["items"]] == prompts
+    for index, (prompt, item) in enumerate(zip(prompts, out["items"])):
+        alone = call(srv, "generate", {"prompt": prompt, "seed": 10 + index, "context": "Numbers are words."})
+        assert item["text"] == alone.structured_content["text"] and item["config"]["seed"] == 10 + index
+        assert item["canvas_state"] == {**alone.structured_content["canvas_state"],
+                                        "run_id": item["canvas_state"]["run_id"]}
+        assert Path(item["runlog"]).is_file() and item["runlog_uri"].startswith("dgemma://runs/")
+    assert [p for p, _, _ in notes] == list(range(1, out["steps_done"] + 1))
+    assert notes[-1][1] == out["steps_done"] and notes[0][2].startswith("item ")
+    assert out["message"].startswith("3 answers: ")
+    both = call(srv, "generate", {"prompts": prompts, "prompt": "Hi"})
+    assert both.is_error and "prompts cannot be given with prompt" in str(both.content)
+    bad = call(srv, "generate", {"prompts": ["Hi", "  "]})
+    assert bad.is_error and "prompts item 1: prompt is empty" in str(bad.content)
+    typed = call(srv, "generate", {"prompts": "Hi"})
+    assert typed.is_error and "prompts must be a list of strings" in str(typed.content)

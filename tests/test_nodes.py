@@ -24,7 +24,7 @@ KNOBS = dict(seed=3, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound
 def test_registry_keeps_the_original_names_and_documents_every_socket():
     assert set(NODE_CLASS_MAPPINGS) == {"DGemmaLoader", "DGemmaSampler", "DGemmaDenoise", "DGemmaEncode",
                                         "DGemmaTrace", "DGemmaRunLogWriter", "DGemmaSamplerAdvanced",
-                                        "DGemmaRemoteLoader"}
+                                        "DGemmaRemoteLoader", "DGemmaPromptList"}
     assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_CLASS_MAPPINGS)
     assert (REPO / WEB_DIRECTORY / "live_view.js").is_file()
     for name, cls in NODE_CLASS_MAPPINGS.items():
@@ -171,7 +171,7 @@ def test_a_refused_run_leaves_the_view_alone_and_a_failing_run_says_so(tmp_path,
         def broken(*args, **kwargs):
             raise RuntimeError("CUDA out of memory")
 
-        monkeypatch.setattr(run, "denoise_blocks", broken)
+        monkeypatch.setattr(run, "drive", broken)
         with pytest.raises(RuntimeError):
             call(Sampler, model=demo, prompt="What is 2+2?", **KNOBS)
     assert [e for e, _, _ in comfy.events] == ["dgemma.start", "dgemma.done"]

@@ -318,3 +318,16 @@ def test_a_strict_openai_client_gets_the_defaults_and_the_shims_stream_shape(rem
     assert tail[0]["choices"][0]["delta"] == {"content": "seven"}
     assert tail[1]["choices"] == [] and tail[1]["timings"]["diffusion_steps"] == len(frames)
     assert tail[2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_prompt_list_on_a_remote_model_runs_item_by_item_to_the_local_batchs_outputs(demo_model, remote):
+    prompts = ["What is 3+4?", "What is 2+2?"]
+    (local, _), local_events = events_of(lambda: call(Sampler, model=demo_model, prompt=prompts, **KNOBS))
+    (far, _), far_events = events_of(lambda: call(Sampler, model=remote, prompt=prompts, **KNOBS))
+    assert local[0] == far[0] == ["seven", "four"] and local[1] == far[1] and local[3] == far[3]
+
+    def steps(events):
+        return sorted((d["item"], d["block"], d["step"], d["tokens"]) for e, d in events if e == "dgemma.step")
+
+    assert steps(local_events) == steps(far_events)
+    assert far_events[-1][1]["items"][1]["text"] == "four"

@@ -8,6 +8,9 @@
 // styled by its state digit, named by the start event's `states` (the engine's names, index = digit) and
 // painted in the colours its `palette` carries (the engine's one palette). Model text only ever goes in as text nodes, never as HTML. Spans are reused in place and paints are coalesced to one per
 // animation frame, so hundreds of steps cost no more DOM than one.
+//
+// A list run (a start event with `items` > 1) paints one row per item, each a view of its own fed
+// by the steps naming that item, under a header counting the settled items.
 
 const STYLE_ID = "dgemma-live-view-style";
 const NAME = /^[a-z]+$/;
@@ -36,6 +39,8 @@ const CSS = `
 .dgemma-view.dg-finished .dg-header { color: #8fd19e; }
 .dgemma-view.dg-error .dg-header { color: #ff8a80; }
 .dgemma-view.dg-interrupted .dg-header { color: #ffcc80; }
+.dgemma-view .dg-rows { display: flex; flex-direction: column; gap: 3px; height: 100%; white-space: normal; }
+.dgemma-view .dg-row { display: flex; flex: 1 1 0; min-height: 52px; }
 `;
 
 function ensureStyle(doc) {
@@ -61,7 +66,8 @@ function joinTokens(tokens) {
   return Array.isArray(tokens) ? tokens.map((t) => String(t ?? "")).join("") : "";
 }
 
-export function createCanvasView(container, { idleText = "DiffusionGemma · waiting for a run" } = {}) {
+export function createCanvasView(container, { idleText = "DiffusionGemma · waiting for a run", label = "",
+  follow = true } = {}) {
   const doc = container.ownerDocument || document;
   ensureStyle(doc);
 
@@ -104,6 +110,53 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   const shownState = [];
   let shownPrev = "";
   const stats = { events: 0, paints: 0 };
+  let rows = null;       // a list run: one child view per item (null for a single run)
+  let rowsStart = null;  // the list run's start event, to rebuild the rows on restore
+  let rowsBox = null;
+  let settled = {};      // item index -> its steps, for the items that have settled
+
+  function openRows(ev) {
+    closeRows();
+    rowsStart = ev;
+    rowsBox = doc.createElement("div");
+    rowsBox.className = "dg-rows";
+    body.appendChild(rowsBox);
+    prev.style.display = canvas.style.display = "none";
+    const { items, rows: perItem, ...common } = ev;
+    rows = perItem.map((row, i) => {
+      const box = doc.createElement("div");
+      box.className = "dg-row";
+      rowsBox.appendChild(box);
+      // A row shows its answer's start: it does not follow the text down as a single view does.
+      const child = createCanvasView(box, { idleText: `item ${i + 1} · waiting`, label: `item ${i + 1} · `,
+        follow: false });
+      child.start({ ...common, ...row });
+      return child;
+    });
+  }
+
+  function closeRows() {
+    rows?.forEach((child) => child.destroy());
+    rowsBox?.remove();
+    rows = rowsBox = rowsStart = null;
+    settled = {};
+    prev.style.display = canvas.style.display = "";
+  }
+
+  function settle(map) {
+    for (const [i, steps] of Object.entries(map ?? {})) {
+      if (!(i in settled) && rows?.[i]) { settled[i] = steps; rows[i].done({ status: "done", steps_used: steps }); }
+    }
+  }
+
+  function rowsHeader() {
+    const n = rows.length, k = Object.keys(settled).length;
+    const status = doneEv ? doneEv.status ?? "done" : null;
+    if (status === "error") return `error: ${doneEv.message ?? "the run failed"}`;
+    if (status === "interrupted") return `interrupted · ${k} of ${n} items settled`;
+    if (status === "done") return `done · ${n} items settled, ${doneEv.steps_used ?? "?"} steps`;
+    return `${n} items denoising together · ${k} of ${n} settled`;
+  }
 
   function requestPaint() {
     pending += 1;
@@ -121,10 +174,15 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   }
 
   function setHeader(text) {
+    text = label + text;
     if (text !== headerText) { header.textContent = text; headerText = text; }
   }
 
   function paintHeader() {
+    if (rows) {
+      setHeader(rowsHeader());
+      return;
+    }
     if (!run && !last) {
       setHeader(idleText);
       return;
@@ -153,6 +211,11 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     }
     if (status === "interrupted") {
       setHeader(`interrupted at block ${last.block + 1} step ${last.step + 1}`);
+      return;
+    }
+    if (label) {  // a row of a list run: the committed share first, as a narrow node cuts the line's end
+      setHeader(`committed ${num((last.committed ?? 0) * 100, 0)}% · block ${last.block + 1}/${blocks ?? "?"} · `
+        + `step ${last.step + 1}/${steps ?? "?"}`);
       return;
     }
     setHeader(last.caption ? String(last.caption) : `block ${last.block + 1}/${blocks ?? "?"} · step ${last.step + 1}/${steps ?? "?"}`);
@@ -189,7 +252,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     if (handle !== null) { unschedule(handle); handle = null; }
     pending = 0;
     stats.paints += 1;
-    const stick = body.scrollTop + body.clientHeight >= body.scrollHeight - 8;
+    const stick = follow && body.scrollTop + body.clientHeight >= body.scrollHeight - 8;
     root.classList.toggle("dg-idle", !run && !last);
     const status = doneEv ? doneEv.status ?? "done" : null;
     root.classList.toggle("dg-finished", status === "done");
@@ -210,6 +273,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
 
     reset() {
       run = null; finished = []; last = null; doneEv = null;
+      closeRows();
       requestPaint();
     },
 
@@ -224,6 +288,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
         if (NAME.test(name) && /^#[0-9a-f]{6}$/i.test(String(colour))) root.style.setProperty(`--dg-${name}`, colour);
       }
       // A resumed run continues from the canvas where the earlier sampler paused, not from noise.
+      if (ev?.items > 1 && Array.isArray(ev.rows)) openRows(ev);
       const resumed = ev?.resumed;
       if (resumed && resumed.step && Array.isArray(resumed.step.tokens)) {
         finished = Array.isArray(resumed.finished) ? resumed.finished.map(String) : [];
@@ -234,6 +299,13 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     step(ev) {
       if (!ev || !Array.isArray(ev.tokens)) return;
       stats.events += 1;
+      if (rows && ev.item != null && !doneEv) {
+        rows[Number(ev.item)]?.step(ev);
+        settle(ev.settled);
+        requestPaint();
+        return;
+      }
+      if (rows) { closeRows(); run = null; }  // a single run's step that came without its start
       const block = Number(ev.block) || 0;
       if (doneEv || (last && block < last.block)) {
         // A step of a new run that came without its start: begin afresh.
@@ -247,6 +319,13 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     done(ev) {
       stats.events += 1;
       doneEv = ev || {};
+      if (rows) {
+        const ends = Array.isArray(doneEv.items) ? doneEv.items : null;
+        rows.forEach((child, i) => {
+          if (ends) child.done(ends[i]);
+          else if (!(i in settled)) child.done({ ...doneEv, steps_used: undefined });
+        });
+      }
       requestPaint();
     },
 
@@ -254,11 +333,18 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     snapshot() {
       return { run, finished: [...finished], last, doneEv, asked: askedEv, stateClass: { ...stateClass }, palette: Object.fromEntries(
         Object.values(stateClass).map((cls) => `--${cls}`).map((v) => [v, root.style.getPropertyValue(v)])
-          .filter(([, c]) => c)) };
+          .filter(([, c]) => c)),
+      ...(rows ? { rowsStart, settled: { ...settled }, rows: rows.map((child) => child.snapshot()) } : {}) };
     },
 
     restore(snap) {
       if (!snap) return;
+      closeRows();
+      if (snap.rows && snap.rowsStart) {
+        openRows(snap.rowsStart);
+        snap.rows.forEach((child, i) => rows[i]?.restore(child));
+        settled = { ...(snap.settled ?? {}) };
+      }
       ({ run, last, doneEv } = snap);
       showAsked(snap.asked);
       finished = [...(snap.finished ?? [])];
@@ -269,12 +355,20 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
 
     /** Paint now instead of at the next animation frame (tests, or before a screenshot). */
     flush() {
+      rows?.forEach((child) => child.flush());
       if (pending || handle !== null) paint();
     },
 
-    /** The text the view shows once painted: previous blocks' text, then the current canvas. */
+    /** The text the view shows once painted: previous blocks' text, then the current canvas (a list
+     * run: each item's, one line per item). */
     text() {
+      if (rows) return rows.map((child) => child.text()).join("\n");
       return finished.join("") + (last ? joinTokens(last.tokens) : "");
+    },
+
+    /** A list run's row views, one per item (empty for a single run). */
+    rows() {
+      return rows ? [...rows] : [];
     },
 
     stats() {
@@ -283,6 +377,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
 
     destroy() {
       if (handle !== null) { unschedule(handle); handle = null; }
+      closeRows();
       root.remove();
     },
   };

@@ -9,6 +9,24 @@ const WIDGET = "dgemma_live_view";
 const views = new WeakMap(); // LGraphNode -> canvas view
 // The last run per node, kept across workflow tab switches (the frontend makes new nodes on each).
 const lastRuns = new Map(); // "workflow|graph|class|id" -> view snapshot
+const ROW_PX = 84;          // height a list run's row needs (its header, its prompt and two lines of text)
+const MIN_PX = 140;
+const MAX_PX = 480;
+
+function minHeight(view) {
+  return Math.min(MAX_PX, MIN_PX + Math.max(0, view.rows().length - 1) * ROW_PX);
+}
+
+// A list run's rows need room: grow the node to show them all (never shrink what the user set).
+function fitRows(node, view) {
+  if (!view.rows().length) return;
+  const [w, h] = node.size;
+  const need = node.computeSize()[1];
+  if (need > h) {
+    node.setSize([w, need]);
+    node.setDirtyCanvas?.(true, true);
+  }
+}
 
 function runKey(node) {
   // A node inside a subgraph may share its id with one outside it: the graph's id tells them apart.
@@ -37,6 +55,7 @@ function route(method) {
     const view = node && views.get(node);
     if (!view) return;
     view[method](ev);
+    if (method === "start") fitRows(node, view);
     lastRuns.set(runKey(node), view.snapshot());
   };
 }
@@ -54,14 +73,14 @@ app.registerExtension({
     if (!NODE_CLASSES.has(node.comfyClass) || views.has(node)) return;
     const box = document.createElement("div");
     // A definite cap: in the Vue node renderer the widget grows with its content otherwise.
-    box.style.cssText = "display:flex;flex-direction:column;width:100%;height:100%;min-height:140px;"
-      + "max-height:480px;overflow:hidden;";
+    box.style.cssText = `display:flex;flex-direction:column;width:100%;height:100%;min-height:${MIN_PX}px;`
+      + `max-height:${MAX_PX}px;overflow:hidden;`;
     const view = createCanvasView(box);
     views.set(node, view);
     const widget = node.addDOMWidget(WIDGET, "dgemma_live_view", box, {
       serialize: false,
       hideOnZoom: false,
-      getMinHeight: () => 140,
+      getMinHeight: () => minHeight(view),
     });
     widget.serialize = false; // never part of widgets_values: the Python node has no such input
     const onRemoved = node.onRemoved;

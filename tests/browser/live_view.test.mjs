@@ -46,6 +46,11 @@ const STEPS = EVENTS.filter((e) => e.type === "dgemma.step").map((e) => e.data);
 const DONE = EVENTS.find((e) => e.type === "dgemma.done").data;
 const L = START.canvas_length;
 const join = (tokens) => tokens.join("");
+// A list run of four prompts on the demo model (record_events.py --batch): one row per item.
+const BATCH = JSON.parse(fs.readFileSync(path.join(HERE, "batch_events.json"), "utf8")).events;
+const B_START = BATCH[0].data;
+const B_STEPS = BATCH.filter((e) => e.type === "dgemma.step").map((e) => e.data);
+const B_DONE = BATCH[BATCH.length - 1].data;
 
 /** The text a view must show after `steps`: each finished block's last tokens, then the last step's. */
 function expectedText(steps) {
@@ -357,6 +362,55 @@ try {
     await page.screenshot({ path: path.join(shotDir, "4-after-500-steps.png") });
   });
 
+  await check("a list run paints one row per item: its own text, step, committed share and end", async () => {
+    const half = Math.floor(B_STEPS.length / 2);
+    const rowsOf = () => page.evaluate(async () => {
+      await frames2();
+      view.flush();
+      return { header: view.element.querySelector(".dg-header").textContent, text: view.text(),
+        rows: view.rows().map((r) => ({ text: r.text(), header: r.element.querySelector(".dg-header").textContent })) };
+    });
+    await page.evaluate((events) => feed(view, events), BATCH.slice(0, 1 + half));
+    const mid = await rowsOf();
+    assertEq(mid.rows.length, B_START.items, "rows");
+    const settledMid = Object.keys(B_STEPS[half - 1].settled).length;
+    assertEq(mid.header, `${B_START.items} items denoising together · ${settledMid} of ${B_START.items} settled`,
+      "list header mid-run");
+    mid.rows.forEach((row, i) => {
+      const own = B_STEPS.slice(0, half).filter((s) => s.item === i);
+      assertEq(row.text, own.length ? expectedText(own) : "", `row ${i} text mid-run`);
+      assert(row.header.startsWith(`item ${i + 1} · `), `row ${i} header: ${row.header}`);
+      if (own.length && !(String(i) in B_STEPS[half - 1].settled)) {
+        const lastOwn = own[own.length - 1];
+        assertEq(row.header, `item ${i + 1} · committed ${Math.round(lastOwn.committed * 100)}% · block `
+          + `${lastOwn.block + 1}/${lastOwn.blocks} · step ${lastOwn.step + 1}/${lastOwn.steps}`, `row ${i} header`);
+      }
+    });
+    await page.screenshot({ path: path.join(shotDir, "5-list-run-mid.png") });
+    await page.evaluate((events) => feed(view, events), BATCH.slice(1 + half));
+    const end = await rowsOf();
+    assertEq(end.header, `done · ${B_START.items} items settled, ${B_DONE.steps_used} steps`, "list header at the end");
+    end.rows.forEach((row, i) => {
+      assertEq(row.text, expectedText(B_STEPS.filter((s) => s.item === i)), `row ${i} text`);
+      assert(row.header.startsWith(`item ${i + 1} · done, ${B_DONE.items[i].steps_used} steps`), `row ${i}: ${row.header}`);
+    });
+    await page.screenshot({ path: path.join(shotDir, "6-list-run-done.png") });
+    const restored = await page.evaluate(async () => {
+      const aux = createCanvasView(document.getElementById("aux"));
+      aux.restore(view.snapshot());
+      await frames2(); aux.flush();
+      const out = { text: aux.text(), rows: aux.rows().length };
+      aux.destroy();
+      return out;
+    });
+    assertEq(restored.rows, B_START.items, "rows after a restore");
+    assertEq(restored.text, end.text, "text after a restore");
+    const single = await page.evaluate(async (events) => { feed(view, events); await frames2(); view.flush();
+      return { rows: view.rows().length, ...painted(view) }; }, EVENTS);
+    assertEq(single.rows, 0, "a single run after a list run has no rows");
+    assertEq(single.text, expectedText(STEPS), "a single run's text after a list run");
+  });
+
   await check("glue: live_view.js adds one view per DGemma node and routes events by node id", async () => {
     const r = await page.evaluate(async ({ start, step, done }) => {
       const { app, FakeNode } = await import("/scripts/app.js");
@@ -407,6 +461,27 @@ try {
     assertEq(r.b, "", "node 8 text (no events for it)");
     assertEq(r.inner, "z".repeat(L), "subgraph node 12:7 text");
     assert(r.header.includes("done"), `node 7 header: ${r.header}`);
+  });
+
+  await check("glue: a list run grows its node to show every row", async () => {
+    const r = await page.evaluate(async ({ start, step }) => {
+      const { app, FakeNode } = await import("/scripts/app.js");
+      const { api } = await import("/scripts/api.js");
+      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
+      const host = document.createElement("div");
+      document.body.appendChild(host);
+      const n = new FakeNode("DGemmaSampler", 41, host);
+      ext.nodeCreated(n, app);
+      n.id = 41;
+      app.rootGraph.add(n);
+      const before = n.size[1];
+      api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, node: "41" } }));
+      api.dispatchEvent(new CustomEvent("dgemma.step", { detail: { ...step, node: "41" } }));
+      await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+      return { before, after: n.size[1], rows: n.widgets[0].element.querySelectorAll(".dg-row").length };
+    }, { start: B_START, step: B_STEPS[0] });
+    assertEq(r.rows, B_START.items, "rows in the node");
+    assertEq(r.after, Math.min(r.before + (B_START.items - 1) * 84, 100 + 480), `node height ${r.before} -> ${r.after}`);
   });
 
   await check("a workflow tab switch keeps each node's last run", async () => {

@@ -21,7 +21,8 @@ export class FakeNode {
     this.host.appendChild(element);
     return widget;
   }
-  computeSize() { return [300, 100 + 140]; }
+  // As the frontend does: the node's height holds its DOM widgets' minimum heights.
+  computeSize() { return [300, 100 + Math.max(0, ...this.widgets.map((w) => w.options.getMinHeight?.() ?? 0))]; }
   setSize(size) { this.size = size; }
 }
 

@@ -1,0 +1,50 @@
+"""DGemmaPromptList: one prompt per line, as a ComfyUI list that a sampler runs as one batch."""
+
+from __future__ import annotations
+
+from ..dgemma.errors import InputError
+from .schema import CATEGORY
+
+MAX_PROMPTS = 1024
+
+
+def split_prompts(text: str) -> list[str]:
+    """The non-empty lines of `text`, each a prompt (`\\n` inside a line is a newline of that prompt)."""
+    if not isinstance(text, str):
+        raise InputError("prompts", f"prompts must be text, got {type(text).__name__}")
+    prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise InputError("prompts", "prompts is empty; type one prompt per line")
+    if len(prompts) > MAX_PROMPTS:
+        raise InputError("prompts", f"prompts has {len(prompts)} lines, over {MAX_PROMPTS}; split the list")
+    return prompts
+
+
+class DGemmaPromptList:
+    CATEGORY = CATEGORY
+    FUNCTION = "split"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("prompt",)
+    OUTPUT_IS_LIST = (True,)
+    OUTPUT_TOOLTIPS = ("The prompts as a list (one item per line): wire it into a sampler's prompt to denoise "
+                       "them as one batch.",)
+    DESCRIPTION = ("Turns text with one prompt per line into a list of prompts. A sampler given the list "
+                   "denoises every item in one batch and returns one output per item; the live view paints "
+                   "every canvas at once.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"prompts": ("STRING", {"multiline": True, "default": "What is 2+2?\nName a colour.",
+                                                    "tooltip": "One prompt per line (text); empty lines are "
+                                                               "skipped, \\n is a newline inside a prompt."})}}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, prompts):
+        try:
+            split_prompts(prompts)
+        except InputError as err:
+            return str(err)
+        return True
+
+    def split(self, prompts):
+        return (split_prompts(prompts),)

@@ -1,0 +1,132 @@
+"""A list of prompts into a sampler node: one batch, per-item outputs exactly as item-by-item calls give them."""
+
+from __future__ import annotations
+
+import fakecomfy
+import pytest
+import torch
+from executor import call
+from test_nodes import shown
+
+from diffusiongemma import NODE_CLASS_MAPPINGS
+from diffusiongemma.runner.execute import run_graph
+
+Sampler, Denoise, Encode, Advanced, PromptList = (NODE_CLASS_MAPPINGS[n] for n in (
+    "DGemmaSampler", "DGemmaDenoise", "DGemmaEncode", "DGemmaSamplerAdvanced", "DGemmaPromptList"))
+KNOBS = dict(seed=3, num_inference_steps=12, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.005,
+             gen_length=32, thinking=False)
+PROMPTS = ["What is 2+2?", "Name a colour.", "What is 13+29?", "Hi"]
+
+
+def assert_item(listed, i, one, frames_before):
+    """Item i of a list call equals the single call `one`; frames are every item's, in order."""
+    text, state, trace, frames, images, config = listed[:6]
+    assert text[i] == one[0] and state[i] == one[1] and config[i] == one[5]
+    assert (trace[i].ids == one[2].ids).all() and (trace[i].committed_bits == one[2].committed_bits).all()
+    assert frames[frames_before:frames_before + len(one[3])] == one[3]
+    assert torch.equal(images[i], one[4])
+
+
+def test_a_prompt_list_runs_as_one_batch_and_each_item_is_its_single_run(tmp_path, demo_model, monkeypatch):
+    seeds = [3, 4, 5, 6]
+    with fakecomfy.installed(tmp_path) as comfy:
+        listed, _ = call(Sampler, model=demo_model, prompt=PROMPTS, **{**KNOBS, "seed": seeds})
+        events = list(comfy.events)
+    singles = [call(Sampler, model=demo_model, prompt=p, **{**KNOBS, "seed": s})[0] for p, s in zip(PROMPTS, seeds)]
+    assert all(len(v) == 4 for k, v in enumerate(listed) if k != 3)
+    at = 0
+    for i, one in enumerate(singles):
+        assert_item(listed, i, one, at)
+        at += len(one[3])
+    assert len(listed[3]) == at
+    kinds = [e for e, _, _ in events]
+    assert kinds.count("dgemma.start") == 1 and kinds.count("dgemma.done") == 1
+    start, steps, done = events[0][1], [d for e, d, _ in events if e == "dgemma.step"], events[-1][1]
+    assert start["items"] == 4 and [r["steps"] for r in start["rows"]] == [12] * 4
+    assert sorted({s["item"] for s in steps}) == [0, 1, 2, 3] and steps[0]["settled"] == {}
+    assert len(steps) == sum(s[1].steps_used for s in singles)
+    for item, used in steps[-1]["settled"].items():  # an item settled before the last step: its steps
+        assert used == singles[int(item)][1].steps_used
+    assert [d["text"] for d in done["items"]] == [s[0] for s in singles]
+    assert {"item", "items", "settled"}.isdisjoint(single_events(tmp_path, demo_model)[1])
+
+
+def single_events(tmp_path, dm):
+    with fakecomfy.installed(tmp_path) as comfy:
+        call(Sampler, model=dm, prompt="What is 2+2?", **KNOBS)
+    return [d for _, d, _ in comfy.events]
+
+
+def test_progress_text_counts_the_settled_items(tmp_path, demo_model, monkeypatch):
+    from diffusiongemma.nodes import host
+
+    monkeypatch.setattr(host.ProgressText, "every", 0.0)
+    with fakecomfy.installed(tmp_path) as comfy:
+        call(Sampler, model=demo_model, prompt=PROMPTS[:2], **{**KNOBS, "gen_length": [32, 96]})
+    texts = [shown(t) for _, t in comfy.text]
+    assert texts[0].startswith("0 of 2 items settled · item ")
+    assert any(t.startswith("1 of 2 items settled") for t in texts)
+    assert texts[-1].startswith("done · 2 items settled")
+
+
+def test_denoise_and_advanced_lists_on_contexts_and_pins(demo_model):
+    (short,), _ = call(Encode, model=demo_model, text="Numbers are words.")
+    (longer,), _ = call(Encode, model=demo_model, text="The answer follows. " * 12)
+    listed, _ = call(Denoise, model=demo_model, prompt=PROMPTS[:3], kv_cache=[short, longer], **KNOBS)
+    at = 0
+    for i, (p, c) in enumerate(zip(PROMPTS[:3], [short, longer, longer])):
+        one, _ = call(Denoise, model=demo_model, prompt=p, kv_cache=c, **KNOBS)
+        assert_item(listed, i, one, at) and listed[6][i].token_ids == one[6].token_ids
+        at += len(one[3])
+    window = dict(KNOBS, scheduler="entropy_bound", start_step=0, end_step=1024)
+    pins = ["The answer is ___.", "", "0: Seven"]
+    listed, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], pins=pins, **window)
+    at = 0
+    for i, (p, pin) in enumerate(zip(PROMPTS[:3], pins)):
+        one, _ = call(Advanced, model=demo_model, prompt=p, pins=pin, **window)
+        assert_item(listed, i, one, at)
+        at += len(one[3])
+
+
+def test_a_bad_item_is_refused_by_its_index_before_any_work(tmp_path, demo_model, no_model_work):
+    with fakecomfy.installed(tmp_path) as comfy:
+        with pytest.raises(ValueError, match=r"list item 2 of 3: prompt is empty"):
+            call(Sampler, model=demo_model, prompt=["Hi", "Hello", "  "], **KNOBS)
+        with pytest.raises(ValueError, match=r"list item 1 of 2: .*end_step"):
+            call(Advanced, model=demo_model, prompt="Hi", pins="", scheduler="entropy_bound",
+                 start_step=[0, 5], end_step=[1024, 5], **KNOBS)
+    assert comfy.events == []
+    assert Advanced.VALIDATE_INPUTS(pins=["ok ___", "1: a\n1: b"]) != True  # noqa: E712
+
+
+def test_interrupt_stops_the_whole_list_within_one_step(tmp_path, demo_model):
+    with fakecomfy.installed(tmp_path) as comfy:
+        comfy.interrupt_after_steps = 6  # two batched steps of three items
+        with pytest.raises(fakecomfy.InterruptProcessingException):
+            call(Sampler, model=demo_model, prompt=PROMPTS[:3], **{**KNOBS, "confidence": 0.0})
+    assert len(comfy.steps()) == 6 and comfy.events[-1][1]["status"] == "interrupted"
+
+
+def test_the_headless_runner_batches_a_prompt_list(demo_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("DGEMMA_OUTPUT_DIR", str(tmp_path))
+    graph = {"1": {"class_type": "DGemmaLoader", "inputs": {"quant": "none"}},
+             "2": {"class_type": "DGemmaPromptList", "inputs": {"prompts": "What is 2+2?\n\nName a colour.\n"}},
+             "3": {"class_type": "DGemmaSampler", "inputs": {"model": ["1", 0], "prompt": ["2", 0], **KNOBS}},
+             "4": {"class_type": "PreviewAny", "inputs": {"source": ["3", 0]}}}
+    seen = run_graph(graph)
+    shown = [t for t in seen["4"]["text"]]
+    singles = [call(Sampler, model=demo_model, prompt=p, **KNOBS)[0][0] for p in ("What is 2+2?", "Name a colour.")]
+    assert shown == singles
+    with pytest.raises(ValueError, match="prompts is empty"):
+        run_graph({**graph, "2": {"class_type": "DGemmaPromptList", "inputs": {"prompts": " \n"}}})
+
+
+def test_advanced_lists_chain_windows_item_by_item(demo_model):
+    window = dict(KNOBS, scheduler="entropy_bound", pins="", confidence=0.0)
+    first, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], start_step=0, end_step=4, **window)
+    assert all(state.paused for state in first[1])
+    second, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], canvas_state=first[1], start_step=4,
+                     end_step=1024, **window)
+    whole, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], start_step=0, end_step=1024, **window)
+    assert second[0] == whole[0] and [s.raw_ids for s in second[1]] == [s.raw_ids for s in whole[1]]
+    assert [len(t) for t in second[2]] == [len(t) for t in whole[2]]
