@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dgemma.backend import backend_of, constraint_options, run_items
+from ..dgemma.errors import InputError
 from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
@@ -115,7 +116,22 @@ def list_items(inputs: dict) -> list[dict]:
     return [{k: v[min(i, len(v) - 1)] for k, v in lists.items() if v} for i in range(count)]
 
 
-def run_calls(node_id, calls: list[Call]) -> list:
+MAX_BATCH = ("INT", {"forceInput": True, "default": 0, "min": 0, "max": 256, "tooltip":
+             "Most prompts of a list denoised together (items); 0 or unwired: as many as fit in half the free "
+             "memory, from the memory plan. Longer lists run in batches of this size."})
+
+
+def max_batch_of(inputs: dict) -> int | None:
+    """The node's max_batch (a list input, like every input of a list node), checked; None: automatic."""
+    value = inputs.pop("max_batch", [0])
+    value = value[0] if isinstance(value, list) and value else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got {value!r}; "
+                                      "wire an INT of 0 or more")
+    return value or None
+
+
+def run_calls(node_id, calls: list[Call], max_batch: int | None = None) -> list:
     """Run checked items (batched on a local model, as many at once as fit in free memory), with events and
     progress for all of them."""
     view = LiveRun(node_id, calls)
@@ -125,7 +141,8 @@ def run_calls(node_id, calls: list[Call]) -> list:
         try:
             with comfy_hints():
                 results = run_items(model, [(c.prompt, c.knobs, c.options) for c in calls], on_frame=view.frame,
-                                    on_settled=view.settle, should_cancel=host.check_interrupt)
+                                    on_settled=view.settle, should_cancel=host.check_interrupt,
+                                    max_batch=max_batch)
         except BaseException as err:
             view.failed(err)
             raise
@@ -147,6 +164,7 @@ def run_list(node, unique_id, inputs: dict) -> tuple:
     """A sampler node's call: every list item checked (a refusal names its item), then run as one batch
     per model; the outputs merged as ComfyUI merges a list run's (a list output's items joined)."""
     node_id = unique_id[0] if isinstance(unique_id, list) else unique_id
+    max_batch = max_batch_of(inputs)
     items = list_items(inputs)
     calls = []
     for index, item in enumerate(items):
@@ -155,7 +173,7 @@ def run_list(node, unique_id, inputs: dict) -> tuple:
     per_item: list = [None] * len(calls)
     for model in {id(c.model): c.model for c in calls}.values():  # a list of models: each its own batch
         indexes = [i for i, c in enumerate(calls) if c.model is model]
-        results = run_calls(node_id, [calls[i] for i in indexes])
+        results = run_calls(node_id, [calls[i] for i in indexes], max_batch)
         for i, result in zip(indexes, results):
             per_item[i] = item_outputs(calls[i], result)
     return tuple([x for out in per_item for x in out[k]] if listed else [out[k] for out in per_item]
@@ -180,7 +198,7 @@ class DGemmaSampler:
             "required": {"model": model_input(),
                          "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": PROMPT_TOOLTIP}),
                          **knob_inputs()},
-            "optional": {"image": image_input()},
+            "optional": {"image": image_input(), "max_batch": MAX_BATCH},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
@@ -209,7 +227,8 @@ class DGemmaDenoise(DGemmaSampler):
     def INPUT_TYPES(cls):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
-        spec["optional"] = {"kv_cache": context_input(), "image": image_input(), **constraint_inputs()}
+        spec["optional"] = {"kv_cache": context_input(), "image": image_input(), **constraint_inputs(),
+                            "max_batch": MAX_BATCH}
         return spec
 
     def denoise(self, unique_id=None, **inputs):

@@ -7,7 +7,7 @@ from ..dgemma.payloads import CanvasState
 from ..dgemma.pins import check_shape
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
-from .sampler import TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
+from .sampler import MAX_BATCH, TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
 from .schema import (
     CANVAS_STATE,
     RESUME_HINTS,
@@ -71,6 +71,7 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
             "image": image_input(),
             **knob_inputs(SCHEDULER_KNOBS),
             **constraint_inputs(),
+            "max_batch": MAX_BATCH,
         }
         return spec
 

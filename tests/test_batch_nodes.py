@@ -130,3 +130,23 @@ def test_advanced_lists_chain_windows_item_by_item(demo_model):
     whole, _ = call(Advanced, model=demo_model, prompt=PROMPTS[:3], start_step=0, end_step=1024, **window)
     assert second[0] == whole[0] and [s.raw_ids for s in second[1]] == [s.raw_ids for s in whole[1]]
     assert [len(t) for t in second[2]] == [len(t) for t in whole[2]]
+
+
+def test_max_batch_bounds_how_many_items_share_a_forward(demo_model, monkeypatch):
+    from diffusiongemma.dgemma import run as engine_run
+    from diffusiongemma.dgemma.errors import InputError
+
+    assert Sampler.INPUT_TYPES()["optional"]["max_batch"][1]["forceInput"]  # a socket: no template moves
+    assert all("max_batch" in n.INPUT_TYPES()["optional"] for n in (Denoise, Advanced))
+    sizes, batch = [], engine_run.run_batch
+
+    def counting(requests, **kw):
+        sizes.append((len(requests), kw.get("max_batch")))
+        return batch(requests, **kw)
+
+    monkeypatch.setattr("diffusiongemma.dgemma.backend.run_batch", counting)
+    two, _ = call(Sampler, model=demo_model, prompt=PROMPTS[:3], max_batch=2, **KNOBS)
+    auto, _ = call(Sampler, model=demo_model, prompt=PROMPTS[:3], **KNOBS)
+    assert sizes == [(3, 2), (3, None)] and two[0] == auto[0] and two[1] == auto[1]
+    with pytest.raises(InputError, match="max_batch"):
+        call(Sampler, model=demo_model, prompt=PROMPTS[:3], max_batch=-1, **KNOBS)
