@@ -92,7 +92,7 @@ def step_ratio(dm, pairs: int) -> float:
     ratios = paired_ratios(lambda: generate(dm, "hello", knobs, constraint=constraint),
                            lambda: generate(dm, "hello", knobs), pairs, label="step")
     median, iqr = median_iqr(ratios)
-    print(f"step_ratio median {median:.3f} IQR {iqr:.3f} over {pairs} pairs (CPU time, busy shared machine)")
+    print(f"step_ratio median {median:.3f} IQR {iqr:.3f} over {pairs} pairs (paired CPU time)")
     return median
 
 
