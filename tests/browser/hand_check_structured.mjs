@@ -2,19 +2,11 @@
 // the run and after it. Usage: node hand_check_structured.mjs URL TEMPLATE.json OUT_DIR [STEPS]
 // STEPS (optional) sets num_inference_steps with confidence 0 on every sampler, so a run on a fast
 // CPU lasts long enough to be seen mid-run.
-import { createRequire } from "node:module";
-import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
+import { loadTemplate, openComfy } from "./comfy_page.mjs";
 
 const [url, template, out, steps] = process.argv.slice(2);
-const { chromium } = createRequire(import.meta.url)("playwright-core");
-await fetch(url + "/api/settings/Comfy.TutorialCompleted", { method: "POST", body: "true",
-  headers: { "Content-Type": "application/json" } }).catch(() => {});
-const ctx = await chromium.launchPersistentContext(fs.mkdtempSync(path.join(os.tmpdir(), "hc-")), {
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true, viewport: { width: 1800, height: 1100 },
-  args: ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"] });
-const page = ctx.pages()[0] || await ctx.newPage();
+const { ctx, page } = await openComfy(url, { width: 1800, height: 1100 });
 const log = [];
 page.on("pageerror", (e) => log.push("pageerror " + e));
 const shot = (name) => page.screenshot({ path: path.join(out, name) });
@@ -25,12 +17,7 @@ const stateCounts = () => page.evaluate(() => [...document.querySelectorAll(".dg
   return counts;
 }));
 try {
-  await page.goto(url, { waitUntil: "domcontentloaded", timeout: 120000 });
-  await page.waitForFunction(() => window.app?.graph && document.querySelector("canvas"), null, { timeout: 120000 });
-  await page.waitForTimeout(3000);
-  const data = JSON.parse(fs.readFileSync(template, "utf8"));
-  await page.evaluate(async (d) => { await window.app.loadGraphData(d, true, true, "template"); }, data);
-  await page.waitForTimeout(2000);
+  await loadTemplate(page, template);
   await page.evaluate((n) => { // a fresh seed, so ComfyUI's cache does not skip the run
     for (const node of window.app.graph._nodes) {
       if (!String(node.comfyClass).startsWith("DGemma")) continue;

@@ -2,27 +2,13 @@
 // press Run, wait for the run to end, save the whole page (OUT.png) and, given a region, a JPEG of it (OUT.jpg).
 // Usage: node retake_thumbnail.mjs URL TEMPLATE.json OUT.jpg [X,Y,W,H]
 // Start ComfyUI with --cache-none, so every template really runs instead of reusing a cached output.
-import { createRequire } from "node:module";
-import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
+import { loadTemplate, openComfy } from "./comfy_page.mjs";
 
 const [url, template, out, region] = process.argv.slice(2);
-const { chromium } = createRequire(import.meta.url)("playwright-core");
-await fetch(url + "/api/settings/Comfy.TutorialCompleted", { method: "POST", body: "true",
-  headers: { "Content-Type": "application/json" } }).catch(() => {});
-const ctx = await chromium.launchPersistentContext(fs.mkdtempSync(path.join(os.tmpdir(), "thumb-")), {
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true, viewport: { width: 1600, height: 1000 },
-  args: ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"] });
-const page = ctx.pages()[0] || await ctx.newPage();
+const { ctx, page } = await openComfy(url);
 try {
-  await page.goto(url, { waitUntil: "domcontentloaded", timeout: 120000 });
-  await page.waitForFunction(() => window.app?.graph && document.querySelector("canvas"), null, { timeout: 120000 });
-  await page.waitForTimeout(3000);
-  const data = JSON.parse(fs.readFileSync(template, "utf8"));
-  const name = path.basename(template, ".json");
-  await page.evaluate(async ([d, n]) => { await window.app.loadGraphData(d, true, true, n); }, [data, name]);
-  await page.waitForTimeout(2000);
+  await loadTemplate(page, template, path.basename(template, ".json"));
   const ended = page.evaluate(() => new Promise((resolve) => {
     for (const kind of ["execution_success", "execution_error", "execution_interrupted"]) {
       window.app.api.addEventListener(kind, () => resolve(kind));
