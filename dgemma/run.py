@@ -44,9 +44,7 @@ class RunResult:
 def check_inputs(dm, prompt, knobs, context, image=None) -> None:
     """Every check that needs no model work: types, emptiness, the cache's fit (the image: by `prepare`)."""
     check_model(dm)
-    check_text("prompt", prompt)
-    if not isinstance(knobs, Knobs):
-        raise InputError("knobs", f"knobs must be a Knobs, got {type(knobs).__name__}")
+    check_turn(prompt, knobs)
     if context is not None and not isinstance(context, KVCache):
         raise InputError("context", f"the KV context must be an encoded context, got {type(context).__name__}; "
                                     "encode one with encode_context")
@@ -55,6 +53,13 @@ def check_inputs(dm, prompt, knobs, context, image=None) -> None:
                                    "pure-injection run")
     if context is not None:
         context.check_model(dm)
+
+
+def check_turn(prompt, knobs) -> None:
+    """The prompt's text and the knobs' type: what every engine, local or remote, checks first."""
+    check_text("prompt", prompt)
+    if not isinstance(knobs, Knobs):
+        raise InputError("knobs", f"knobs must be a Knobs, got {type(knobs).__name__}")
 
 
 def turn_ids(dm, prompt: str, knobs: Knobs, context, images=None) -> list[int]:

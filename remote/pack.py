@@ -10,10 +10,10 @@ import base64
 import dataclasses
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import Knobs, check_knob
+from ..dgemma.knobs import check_knob
 from ..dgemma.loop import Cancelled
 from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_continues
-from ..dgemma.run import RunResult
+from ..dgemma.run import RunResult, check_turn
 from ..dgemma.tokens import check_text
 from ..dgemma.vision import check_image_tensor
 from ..dgemma.wire import result_parts, row_frame, step_row
@@ -43,9 +43,7 @@ class PackBackend:
 
     def check(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
         """The checks that need no model; the server makes the rest before its first step."""
-        check_text("prompt", prompt)
-        if not isinstance(knobs, Knobs):
-            raise InputError("knobs", f"knobs must be a Knobs, got {type(knobs).__name__}")
+        check_turn(prompt, knobs)
         if context is not None and not (isinstance(context, RemoteContext) and context.model is model):
             raise InputError("context", "the KV context was not encoded on this remote model; encode it with a "
                                         "DGemmaEncode wired to the same remote loader")

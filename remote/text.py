@@ -16,11 +16,9 @@ import threading
 import numpy as np
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import Knobs
 from ..dgemma.loop import Cancelled
 from ..dgemma.payloads import CanvasState, RunConfig
-from ..dgemma.run import RunResult
-from ..dgemma.tokens import check_text
+from ..dgemma.run import RunResult, check_turn
 from ..dgemma.trace import Recorder
 from ..dgemma.vision import check_image_tensor
 from .http import Interrupted, RemoteError, RemoteRefusal
@@ -126,9 +124,7 @@ class TextBackend:
         self.remote = remote
 
     def check(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
-        check_text("prompt", prompt)
-        if not isinstance(knobs, Knobs):
-            raise InputError("knobs", f"knobs must be a Knobs, got {type(knobs).__name__}")
+        check_turn(prompt, knobs)
         if not prompt.strip():
             raise InputError("prompt", "prompt is empty; type a prompt")
         if context is not None:
