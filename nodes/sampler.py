@@ -11,7 +11,7 @@ from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
 from ..dgemma.schedulers import Scheduling
 from ..dgemma.tokens import frame_texts
-from ..dgemma.vision import image_record
+from ..dgemma.vision import thumbnail, to_uint8
 from . import host, memory
 from .events import DONE, START, STEP, BatchStream
 from .schema import (
@@ -56,7 +56,7 @@ class LiveRun:
 
     def start(self) -> None:
         if self.live:
-            asked = [{"prompt": prompt, "thumbnail": image_record(image)["thumbnail"] if image is not None else None}
+            asked = [{"prompt": prompt, "thumbnail": thumbnail(to_uint8(image[:1])[0]) if image is not None else None}
                      for prompt, image in self.asked]
             host.send(START, self.stream.start(self.resumed, asked))
 

@@ -123,7 +123,7 @@ def _window_order(node_id: str, cls, inputs: dict) -> list[str]:
     both steps would repeat every error under each name and switch off ComfyUI's own range checks);
     here it is refused before any node runs."""
     start, end = inputs.get("start_step"), inputs.get("end_step")
-    if not (isinstance(start, int) and isinstance(end, int)) or is_link(start) or is_link(end):
+    if not (isinstance(start, int) and isinstance(end, int)):  # a link is a list: checked when it runs
         return []
     try:
         check_window_order(start, end)
