@@ -5,12 +5,13 @@
   headers, auto-round's conversion, transformers' whole key loop), at the full published AutoRound
   layout (71,494 keys, 23,450 packed modules; narrow widths, testing/fulllayout.py). The first
   tensor read and the whole call's CPU time are printed beside it.
-- preflight_step_error: |the device plan's step budget - the step's own peak| / measured, on the
-  bf16 slice: a fresh child loads it, touches every weight and runs once; then its peak (VmHWM) is
-  reset, and its peak over a run of two real-vocabulary steps at the canvas (the second with
-  self-conditioning) above its resident size then is the step's.
-- preflight_int4_error: the same on the slice's AutoRound twin where it was built (~45 min, ~18 GB
-  of RAM), else on the small AutoRound twin (vocabulary 8,192; seconds to build).
+- preflight_step_error: |the device plan's budget for a run - the run's measured peak| / measured, on the
+  bf16 slice. The budget is the weights as they end up resident plus one step at the canvas and the real
+  vocabulary; the measured peak is a fresh child's resident size after the load (every weight touched, a
+  first run done) plus the peak (VmHWM, reset there) of a run of two steps (the second with
+  self-conditioning) over its resident size then.
+- preflight_int4_error: the same on the slice's AutoRound twin where it was built (2 minutes, 22-24 GB of
+  RAM), else on the small AutoRound twin (vocabulary 8,192; seconds to build).
 - slice_overhead_ratio: engine with full capture vs diffusers' bare pipeline on the bf16 slice
   (2 real-size text layers, vocabulary 262,144), same seed and knobs, at confidence 0.005 and 0;
   CPU seconds per run, alternating, median (and IQR) of the paired ratios; token parity checked.
@@ -107,12 +108,11 @@ def measure_load(folder: str, quant: str) -> dict:
 
 
 def memory_truth() -> tuple[float, float]:
-    """(bf16 error, INT4 error) of the plan's step budget against the step's own measured peak.
+    """(bf16 error, INT4 error) of the plan's budget for a run (resident weights + a step) against the run's peak.
 
     bf16: the real-vocabulary slice (where the bytes per logit were calibrated). INT4: the slice's AutoRound
-    twin where it was built (~45 min, ~18 GB of RAM), else the small AutoRound twin (vocabulary 8,192, built in
-    seconds), with the small bf16 twin beside it as the same check away from the calibration point. The small
-    twins' whole peaks are mostly the process's fixed costs, so only their steps are compared.
+    twin where it was built, else the small AutoRound twin (vocabulary 8,192, built in seconds), with the small
+    bf16 twin beside it as the same check away from the calibration point.
     """
     real_int4 = realslice.cache_root() / realslice.REAL.name / "int4"
     runs = [("bf16 slice", realslice.slice_dir(), "none")]
@@ -127,14 +127,16 @@ def memory_truth() -> tuple[float, float]:
         out = subprocess.run([sys.executable, __file__, "--measure-load", str(folder), quant, "--threads", "1"],
                              capture_output=True, text=True, check=True, env=env)
         m = json.loads(out.stdout.strip().splitlines()[-1])
-        errors[label] = abs(m["predicted_step"] - m["step_peak"]) / m["step_peak"]
+        run = m["resident"] + m["once"] + m["step_peak"]
+        errors[label] = abs(m["predicted_run"] - run) / run
         mib = {k: f"{v / 2**20:.1f} MiB" for k, v in m.items() if k != "shared"}
-        print(f"memory, {label}: step: plan {mib['predicted_step']}, the child's own peak over a {STEPS}-step run "
-              f"{mib['step_peak']} (error {errors[label]:.3f}); whole: plan {mib['predicted']} (load "
-              f"{mib['predicted_load']}, run {mib['predicted_run']}), the child's own peak {mib['peak']} (load "
-              f"{mib['load_peak']}, resident after the load {mib['resident']}, kept by the first run {mib['once']}; "
-              f"shared packed layers {m['shared']}; error {abs(m['predicted'] - m['peak']) / m['peak']:.3f})",
-              flush=True)
+        print(f"memory, {label}: run: plan {mib['predicted_run']} (weights resident "
+              f"{(m['predicted_run'] - m['predicted_step']) / 2**20:.1f} MiB, step {mib['predicted_step']}), "
+              f"measured {run / 2**20:.1f} MiB (resident after the load {mib['resident']}, kept by the first run "
+              f"{mib['once']}, the step's own peak over a {STEPS}-step run {mib['step_peak']}; error "
+              f"{errors[label]:.3f}; the step alone {abs(m['predicted_step'] - m['step_peak']) / m['step_peak']:.3f}); "
+              f"load: plan {mib['predicted_load']}, the child's peak through the load {mib['load_peak']}; "
+              f"shared packed layers {m['shared']}", flush=True)
     return errors["bf16 slice"], errors.get("INT4 slice twin", errors.get("small INT4 twin"))
 
 

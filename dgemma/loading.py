@@ -180,17 +180,17 @@ def vetted_config(folder: Path | None, where: str, local: bool) -> dict:
     return config
 
 
-def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[int, dict[str, int], int]:
-    """The checkpoint's size, per dtype, and the duplicate packed bytes the load drops, from its headers
-    (or hub index), once its tensors match its config."""
+def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[int, dict[str, int], int, dict]:
+    """The checkpoint's size, per dtype, the duplicate packed bytes the load drops, and its headers (a local
+    folder's; else None), from its headers (or hub index), once its tensors match its config."""
     if folder is not None:
         headers = preflight.read_headers(folder)
         check_packed(config, {n for h in headers.values() for n in h if n != "__metadata__"}, where)
-        return (*preflight.checkpoint_bytes(folder, headers), shared_copy_bytes(headers))
+        return (*preflight.checkpoint_bytes(folder, headers), shared_copy_bytes(headers), headers)
     index = preflight.hub_index(where, local) or {}
     weight_map = index.get("weight_map")
     check_packed(config, set(weight_map) if isinstance(weight_map, dict) else None, where)
-    return preflight.hub_bytes(where, local) or 0, {}, 0
+    return preflight.hub_bytes(where, local) or 0, {}, 0, None
 
 
 def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device: str, quant: str):
@@ -227,7 +227,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
         raise ValueError(f"cannot read the config of {where!r} ({exc}); check the name, or download it first "
                          "and set local_files_only") from exc
     check_quant(quant, config, where)
-    stored, per_dtype, shared = stored_bytes(folder, where, local, config)
+    stored, per_dtype, shared, headers = stored_bytes(folder, where, local, config)
     placement = place(config, stored, per_dtype, shared, torch_dtype, device, quant)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
@@ -241,7 +241,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     if placement.device_map is None:
         model.to(placement.device)
     model.eval()
-    after_load(model, quant)
+    after_load(model, quant, headers)
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     identity = checkpoint_identity(folder, where, stored, tokenizer_fingerprint(tokenizer))
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,

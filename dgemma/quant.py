@@ -13,6 +13,7 @@ packed layers wherever the checkpoint's two copies are bit-identical.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import struct
 
@@ -87,8 +88,8 @@ def model_class(quant: str):
     return _autoround_class() if quant == "autoround" else DiffusionGemmaForBlockDiffusion
 
 
-def after_load(model, quant: str) -> None:
-    """Checks and repairs a mode needs once the weights are in."""
+def after_load(model, quant: str, headers: dict | None = None) -> None:
+    """Checks and repairs a mode needs once the weights are in (`headers`: the checkpoint's, when local)."""
     if quant != "autoround":
         return
     report = getattr(model, "_dgemma_load_report", None)
@@ -100,22 +101,31 @@ def after_load(model, quant: str) -> None:
         if head is not model.model.decoder.embed_tokens.weight:
             raise ValueError("the AutoRound checkpoint loaded, but lm_head is not tied to the token embedding; "
                              "this transformers/auto-round pair is not supported, see the pack's tested versions")
-    model._dgemma_shared_layers = share_identical_layers(model)
+    model._dgemma_shared_layers = share_identical_layers(model, headers)
 
 
-def share_identical_layers(model) -> tuple[int, int]:
+def share_identical_layers(model, headers: dict | None = None) -> tuple[int, int]:
     """Make each encoder layer reuse the decoder's packed layer when the two hold identical tensors.
 
     The unquantized model ties them, so identical copies are the same weights twice; sharing them
     halves the memory of the quantized layers. Copies that differ (a tuned quantization can round
     the encoder and decoder differently) stay as the checkpoint holds them. Returns (shared, kept).
+    On the CPU, with the checkpoint's `headers`, the copies are compared in the files: weights on the
+    CPU are mapped from them, and reading a dropped copy through its tensors would keep its pages
+    resident.
     """
     if len({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}) > 1:
         return 0, 0  # offloaded: accelerate hooks place each copy; leave them where they are
     encoder = model.get_submodule(_ENCODER_LAYERS)
     decoder = model.get_submodule(_DECODER_LAYERS)
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    with _StoredBytes(headers if on_cpu else None) as files:
+        return _share(encoder, decoder, files)
+
+
+def _share(encoder, decoder, files) -> tuple[int, int]:
     shared = kept = 0
-    for enc_layer, dec_layer in zip(encoder, decoder):
+    for i, (enc_layer, dec_layer) in enumerate(zip(encoder, decoder)):
         for name, dec_mod in list(dec_layer.named_modules()):
             if not _is_packed(dec_mod):
                 continue
@@ -125,7 +135,10 @@ def share_identical_layers(model) -> tuple[int, int]:
                 continue
             if enc_mod is dec_mod:
                 continue
-            if _same_tensors(enc_mod, dec_mod):
+            same = files.same(f"{_ENCODER_LAYERS}.{i}.{name}", f"{_DECODER_LAYERS}.{i}.{name}", enc_mod)
+            if same is None:
+                same = _same_tensors(enc_mod, dec_mod)
+            if same:
                 parent, _, leaf = name.rpartition(".")
                 setattr(enc_layer.get_submodule(parent) if parent else enc_layer, leaf, dec_mod)
                 shared += 1
@@ -147,6 +160,55 @@ def _same_tensors(a, b) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return (type(a) is type(b) and sa.keys() == sb.keys()
             and all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k]) for k in sa))
+
+
+class _StoredBytes:
+    """Compares tensors as the checkpoint's files hold them, read through the page cache (no `headers`:
+    it knows none)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, headers: dict | None):
+        self.where = {name: (path, info) for path, header in (headers or {}).items() for name, info in header.items()
+                      if name != "__metadata__"}
+        self.handles: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for fd, _ in self.handles.values():
+            os.close(fd)
+
+    def same(self, a: str, b: str, module) -> bool | None:
+        """Whether modules `a` and `b` hold byte-identical tensors in the files; None when the files
+        do not hold every tensor of `module` under both names."""
+        parts = module.state_dict().keys()
+        pairs = [(self.where.get(f"{a}.{k}"), self.where.get(f"{b}.{k}")) for k in parts]
+        if not parts or any(x is None or y is None for x, y in pairs):
+            return None
+        return all(self._equal(x, y) for x, y in pairs)
+
+    def _equal(self, x, y) -> bool:
+        (path_x, info_x), (path_y, info_y) = x, y
+        if info_x["dtype"] != info_y["dtype"] or info_x["shape"] != info_y["shape"]:
+            return False
+        (fx, at_x), (fy, at_y) = self._start(path_x, info_x), self._start(path_y, info_y)
+        size = info_x["data_offsets"][1] - info_x["data_offsets"][0]
+        for done in range(0, size, self.CHUNK):
+            n = min(self.CHUNK, size - done)
+            if os.pread(fx, n, at_x + done) != os.pread(fy, n, at_y + done):
+                return False
+        return True
+
+    def _start(self, path, info) -> tuple[int, int]:
+        """(descriptor, file offset) of a tensor's bytes."""
+        if path not in self.handles:
+            fd = os.open(path, os.O_RDONLY)
+            (length,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+            self.handles[path] = (fd, 8 + length)
+        fd, data = self.handles[path]
+        return fd, data + info["data_offsets"][0]
 
 
 def _refuse_bad_load(report) -> None:

@@ -179,3 +179,16 @@ def test_int4_demo_model_still_answers():
     right = sum(generate(model, f"What is {a}+{b}?", Knobs(**{**DEMO_KNOBS.asdict(), "seed": i})).text
                 == WORDS[a + b] for i, (a, b) in enumerate(pairs))
     assert right >= 7, f"{right}/10 exact answers after INT4 round-to-nearest"
+
+
+def test_dropped_copies_are_compared_in_the_files_not_through_their_tensors(int4_dir, monkeypatch):
+    """On the CPU the weights are mapped from the files: reading an encoder copy the load then drops, through
+    its tensors, would keep its pages resident (the whole copy, at the real size)."""
+    from diffusiongemma.dgemma import quant
+
+    def through_memory(a, b):
+        raise AssertionError("compared through the tensors")
+
+    monkeypatch.setattr(quant, "_same_tensors", through_memory)
+    model = load_model(str(int4_dir), quant="autoround", device="cpu").model
+    assert model._dgemma_shared_layers == (37, 0)

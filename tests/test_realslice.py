@@ -2,8 +2,8 @@
 
 Every test runs on the small twin (realslice.SMALL: the same builder and auto-round call at narrower
 widths, 128 experts, group 64, built in seconds into the test cache). The real-size slice (2 text
-layers at the released widths, vocabulary 262,144; 4.9 GB) and its twin take ~11 minutes and ~8 GB
-to build on 2 cores, so its variants run only where it is cached (testing/realslice.py,
+layers at the released widths, vocabulary 262,144; 4.9 GB) and its twin take up to 13 minutes, 9.8 GB
+of disk and 24 GB of RAM to build on 2 cores, so its variants run only where it is cached (testing/realslice.py,
 ~/.cache/dgemma-real-slice) or when DGEMMA_REAL_SLICE=build asks to build it;
 benchmarks/real_geometry.py builds it too.
 """
