@@ -1,4 +1,4 @@
-"""Every change this pack makes to another library's behaviour, in one place.
+"""Every change this pack makes to another library's behaviour: the list, and all but auto-round's.
 
 - transformers: the loader gives each checkpoint key its own renaming rule (71,494 keys in the
   real AutoRound checkpoint), and the general rule's constructor runs several regexes per key and
@@ -9,9 +9,10 @@
   whole vocabulary) but does not return it; its module gets a view of torch whose
   `distributions.Categorical` keeps that entropy for the calling thread (`step_with_entropy`),
   so the trace does not pay for a second one. Every other caller sees the very same values.
-- auto-round: while loading, its keep-in-full-precision patterns arrive as one alternation
-  (`merged_tie_patterns`), searched as the compiled pattern it is, and its quantization schemes
-  list their dataclass fields from a cache (`cached_scheme_fields`).
+- auto-round (dgemma/patches_autoround.py): while loading, its keep-in-full-precision patterns
+  arrive as one alternation (`merged_tie_patterns`), searched as the compiled pattern it is, its
+  quantization schemes list their dataclass fields from a cache (`cached_scheme_fields`), and its
+  packed layers of one kind and shape are copies of the first one built (`copied_quant_layers`).
 - Python: the cyclic garbage collector pauses while a load builds its model (`paused_gc`).
 - transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
   numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/batch.py);
@@ -24,7 +25,6 @@ just the number), is logged once, and edits no installed file.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 import re
@@ -144,38 +144,13 @@ def plain_key_renamings() -> bool:
     return applied
 
 
-class _PatternSearchRe(types.ModuleType):
-    """`re`, except that search() with a compiled pattern asks the pattern directly.
-
-    re.search(compiled, text) first looks the pattern up in re's cache, which hashes its whole
-    compiled code on every call: for the merged tie pattern that is most of the cost. The answer
-    is the same, since re never caches compiled patterns and returns them as they are.
-    """
-
-    def __init__(self):
-        super().__init__("re")
-
-    @staticmethod
-    def search(pattern, string, flags=0):
-        if isinstance(pattern, re.Pattern) and not flags:
-            return pattern.search(string)
-        return re.search(pattern, string, flags)
-
-    def __getattr__(self, name):
-        return getattr(re, name)
-
-
-_PATCH_LOCK = threading.Lock()  # the wrapped auto-round attribute is module-global
-_SCHEMES_LOCK = threading.Lock()  # held inside _PATCH_LOCK by a load: its own lock
-_MERGE_TESTED = ("0.16",)  # auto-round versions whose pattern use the merge was checked against
-_PLAIN_NAME = re.compile(r"[\w.\-]+")
-
-
 @contextlib.contextmanager
 def for_load(quant: str):
     """Everything a load of this quant mode runs under."""
+    from .patches_autoround import for_autoround_load
+
     plain_key_renamings()
-    with merged_tie_patterns(quant), cached_scheme_fields(quant):
+    with for_autoround_load(quant):
         yield
 
 
@@ -205,137 +180,6 @@ def paused_gc():
             _gc_state["pausers"] -= 1
             if _gc_state["pausers"] == 0 and _gc_state["was_enabled"]:
                 gc.enable()
-
-
-@contextlib.contextmanager
-def merged_tie_patterns(quant: str):
-    """While loading, hand auto-round its keep-in-full-precision patterns as one regex.
-
-    auto-round searches every linear name (23,705 at the real geometry) with every such pattern
-    (726: each kept tie's two ends) through `re.search(re.compile(p), name)`; past re's 512-entry
-    cache every call recompiles, about 11 minutes of one core before any weight is read. One
-    alternation of the plain-name patterns matches exactly the names one of them matches and
-    compiles once, and the module's `re` searches with it directly (`_PatternSearchRe`). Applied
-    only to the tested versions, by wrapping the module attributes for the length of our call;
-    nothing installed is edited.
-    """
-    convert = _autoround_convert_module() if quant == "autoround" else None
-    if quant == "autoround":
-        _note("auto-round tie patterns", convert is not None,
-              "merged into one regex" if convert is not None else "auto-round version or code differs")
-    if convert is None:
-        yield
-        return
-    original = convert.get_modules_to_not_convert
-
-    def merged(*args, **kwargs):
-        return merge_patterns(original(*args, **kwargs))
-
-    with _PATCH_LOCK:
-        original_re = convert.re
-        convert.get_modules_to_not_convert, convert.re = merged, _PatternSearchRe()
-        try:
-            yield
-        finally:
-            convert.get_modules_to_not_convert, convert.re = original, original_re
-
-
-def merge_patterns(patterns) -> list[str]:
-    """The plain-name patterns (letters, digits, `_.-`) as one alternation, any other pattern kept as is.
-
-    re.search with `a|b` finds a match exactly when re.search with `a` or with `b` does. The
-    alternation shares common leading segments (`x.(?:a|b)` for `x.a|x.b`, the same strings), so a
-    search rejects a position after a character or two instead of trying all 726 names there.
-    """
-    patterns = sorted(set(patterns or ()))
-    plain = [p for p in patterns if _PLAIN_NAME.fullmatch(p)]
-    rest = [p for p in patterns if not _PLAIN_NAME.fullmatch(p)]
-    trie: dict = {}
-    for p in plain:
-        node = trie
-        for segment in p.split("."):
-            node = node.setdefault(segment, {})
-        node[None] = {}  # a pattern ends here
-    return ([_alternation(trie)] if plain else []) + rest
-
-
-def _alternation(node: dict) -> str:
-    """Regex for every dot-joined path below `node` (segments keep their regex meaning, as the dots do)."""
-    branches = []
-    for segment in sorted(k for k in node if k is not None):
-        child = node[segment]
-        more = {k: v for k, v in child.items() if k is not None}
-        if not more:
-            branches.append(segment)
-            continue
-        tail = _alternation(more)
-        tail = f"(?:{tail})" if "|" in tail else tail
-        branches.append(f"{segment}(?:.{tail})?" if None in child else f"{segment}.{tail}")
-    return "|".join(branches)
-
-
-def _autoround_convert_module():
-    """auto-round's convert_model module, if its pattern use is the one the merge was checked against."""
-    try:
-        import auto_round
-        from auto_round.inference import convert_model
-    except ImportError:
-        return None
-    names = _code_names(getattr(getattr(convert_model, "skip_not_convert_modules", None), "__code__", None))
-    version = ".".join(str(getattr(auto_round, "__version__", "")).split(".")[:2])
-    if version not in _MERGE_TESTED or not {"get_modules_to_not_convert", "search", "compile"} <= names:
-        return None
-    return convert_model if callable(getattr(convert_model, "get_modules_to_not_convert", None)) else None
-
-
-@contextlib.contextmanager
-def cached_scheme_fields(quant: str):
-    """While loading, auto-round's quantization schemes list their dataclass fields once per class.
-
-    Every `scheme["bits"]` asks `dataclasses.fields` anew (187,807 times at the published layout);
-    a class's fields do not change, so its module gets the same tuple from a cache for the length of
-    our call. Applied only to the tested versions.
-    """
-    schemes = _autoround_schemes_module() if quant == "autoround" else None
-    if quant == "autoround":
-        _note("auto-round scheme fields", schemes is not None,
-              "cached per class" if schemes is not None else "auto-round version or code differs")
-    if schemes is None:
-        yield
-        return
-    known: dict[type, tuple] = {}
-
-    def cached(class_or_instance):
-        cls = class_or_instance if isinstance(class_or_instance, type) else type(class_or_instance)
-        if cls not in known:
-            known[cls] = dataclasses.fields(cls)
-        return known[cls]
-
-    with _SCHEMES_LOCK:
-        schemes.fields = cached
-        try:
-            yield
-        finally:
-            schemes.fields = dataclasses.fields
-
-
-def _autoround_schemes_module():
-    """auto-round's schemes module, if its schemes look their fields up as the cache was checked against."""
-    if _autoround_convert_module() is None:  # not a tested auto-round
-        return None
-    from auto_round import schemes
-
-    scheme = getattr(schemes, "QuantizationScheme", None)
-    names = _code_names(getattr(getattr(scheme, "get_attributes", None), "__code__", None))
-    return schemes if "fields" in names and getattr(schemes, "fields", None) is dataclasses.fields else None
-
-
-def _code_names(code) -> set[str]:
-    """Global and attribute names a function's code (and the code nested in it) uses."""
-    if code is None:
-        return set()
-    nested = [c for c in code.co_consts if hasattr(c, "co_names")]
-    return set(code.co_names).union(*(_code_names(c) for c in nested))
 
 
 _kept = threading.local()

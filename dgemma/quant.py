@@ -19,7 +19,7 @@ import struct
 
 import torch
 
-from .patches import merged_tie_patterns  # noqa: F401  (testing.realscale prepares a model under it)
+from .patches_autoround import merged_tie_patterns  # noqa: F401  (testing.realscale prepares a model under it)
 
 QUANTS = ("none", "autoround")
 # Fused MoE expert parameters (3D); auto-round splits them into per-expert linears.

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from diffusiongemma.dgemma import patches
+from diffusiongemma.dgemma import patches, patches_autoround
 from diffusiongemma.dgemma.quant import shared_copy_bytes
 from diffusiongemma.testing import realslice
 
@@ -52,8 +52,8 @@ def test_a_renaming_that_is_not_one_plain_key_to_another_takes_the_general_const
 
 
 def test_searching_with_a_compiled_pattern_answers_as_re_does():
-    view = patches._PatternSearchRe()
-    pattern = re.compile(patches.merge_patterns(["a.b", "a.b.c", "q"])[0])
+    view = patches_autoround._PatternSearchRe()
+    pattern = re.compile(patches_autoround.merge_patterns(["a.b", "a.b.c", "q"])[0])
     for text in ("xa.bz", "q", "", "a.c", "azb"):
         got, want = view.search(pattern, text), re.search(pattern, text)
         assert (got and got.span()) == (want and want.span())
@@ -115,13 +115,13 @@ def test_auto_round_schemes_answer_the_same_from_cached_fields():
 
     plain = schemes.QuantizationScheme(bits=4, group_size=64)
     before = (plain.get_attributes(), list(plain.items()), plain["group_size"], plain.get("act_bits", "none"))
-    with patches.cached_scheme_fields("autoround"):
+    with patches_autoround.cached_scheme_fields("autoround"):
         assert schemes.fields is not dataclasses.fields  # the tested auto-round is patched
         assert schemes.fields(plain) is schemes.fields(schemes.QuantizationScheme)  # one tuple per class
         during = (plain.get_attributes(), list(plain.items()), plain["group_size"], plain.get("act_bits", "none"))
     assert during == before
     assert schemes.fields is dataclasses.fields
-    with patches.cached_scheme_fields("none"):  # a plain load leaves auto-round alone
+    with patches_autoround.cached_scheme_fields("none"):  # a plain load leaves auto-round alone
         assert schemes.fields is dataclasses.fields
 
 
@@ -130,9 +130,31 @@ def test_a_load_gives_auto_round_its_own_attributes_back():
 
     before = (convert_model.re, convert_model.get_modules_to_not_convert)
     with patches.for_load("autoround"):
-        assert isinstance(convert_model.re, patches._PatternSearchRe)
+        assert isinstance(convert_model.re, patches_autoround._PatternSearchRe)
         assert convert_model.get_modules_to_not_convert is not before[1]
     assert (convert_model.re, convert_model.get_modules_to_not_convert) == before
     with pytest.raises(RuntimeError), patches.for_load("autoround"):  # also when the load fails
         raise RuntimeError
     assert (convert_model.re, convert_model.get_modules_to_not_convert) == before
+
+
+def test_packed_layers_of_one_kind_are_copies_with_their_own_containers():
+    import torch
+    from auto_round.inference import convert_model
+
+    build = convert_model._create_quant_layer
+    config = {"bits": 4, "group_size": 64, "sym": True, "data_type": "int", "act_bits": 16}
+    with torch.device("meta"):
+        linear = torch.nn.Linear(128, 64, bias=False)
+    args = (linear, "auto_round:torch_zp", config, 128, 64, "auto_round:auto_gptq")
+    with patches_autoround.copied_quant_layers("autoround"), torch.device("meta"):
+        assert convert_model._create_quant_layer is not build  # applied to the installed auto-round
+        a, b, c = (convert_model._create_quant_layer(*args) for _ in range(3))
+    assert convert_model._create_quant_layer is build
+    with torch.device("meta"):
+        fresh = build(*args)
+    for layer in (b, c):
+        assert layer is not a and layer._buffers is not a._buffers and layer._forward_hooks is not a._forward_hooks
+        assert patches_autoround._alike(layer, fresh)
+    b.qweight = torch.ones(2, 64, dtype=torch.int32)  # the load replaces a copy's tensors, never another's
+    assert a.qweight.device.type == "meta" and c.qweight.device.type == "meta"

@@ -15,7 +15,7 @@ import auto_round  # noqa: F401
 import pytest
 
 from diffusiongemma.dgemma import deviceplan
-from diffusiongemma.dgemma.patches import merge_patterns
+from diffusiongemma.dgemma.patches_autoround import merge_patterns
 from diffusiongemma.dgemma.quant import model_class, packed_names
 from diffusiongemma.testing import realscale as rs
 
@@ -81,9 +81,9 @@ def test_merged_patterns_match_what_each_pattern_matches():
 
 def test_the_merge_applies_to_the_installed_auto_round():
     """A version or code change in auto-round turns the merge off; the pack then needs a fresh check."""
-    from diffusiongemma.dgemma import patches
+    from diffusiongemma.dgemma import patches_autoround
 
-    assert patches._autoround_convert_module() is not None
+    assert patches_autoround._autoround_convert_module() is not None
 
 
 def test_merge_keeps_patterns_that_are_not_plain_names():
