@@ -66,9 +66,10 @@ def reset_peak() -> None:
 
 
 def measure_load(folder: str, quant: str) -> dict:
-    """In this (fresh) process: what the plan budgets, and this process's own peaks: through the load and a
-    first run (over its resident size before), and through a second run of STEPS real steps at the canvas alone
-    (over its resident size then, the peak reset there; every weight touched before either run). Run with a fixed
+    """In this (fresh) process: what the plan budgets, and this process's own sizes: its peak through the load
+    (over its resident size before), its resident size after the load and after a first run, and its peak through
+    a second run of STEPS real steps at the canvas alone (over its resident size then, the peak reset there;
+    every weight touched before either run). Run with a fixed
     malloc mmap threshold, so freed tensors leave the resident size and a peak counts what was live."""
     import transformers  # noqa: F401  (imports are not the model's memory)
 
@@ -97,13 +98,12 @@ def measure_load(folder: str, quant: str) -> dict:
     generate(dm, PROMPT, knobs)  # a process's first run also keeps what it sets up once (imports, caches)
     gc.collect()
     once = vm("VmRSS") - at_rest
-    peak = vm("VmHWM") - before
     reset_peak()
     start = vm("VmRSS")
     generate(dm, PROMPT, knobs)
-    return {"predicted": need.peak, "predicted_load": need.load, "predicted_run": need.resident + need.step,
+    return {"predicted_load": need.load, "predicted_run": need.resident + need.step,
             "predicted_step": need.step, "load_peak": load_peak, "resident": at_rest - before, "once": once,
-            "step_peak": vm("VmHWM") - start, "peak": peak,
+            "step_peak": vm("VmHWM") - start,
             "shared": getattr(dm.model, "_dgemma_shared_layers", None)}
 
 

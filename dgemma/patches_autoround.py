@@ -69,13 +69,8 @@ def merged_tie_patterns(quant: str):
     def merged(*args, **kwargs):
         return merge_patterns(original(*args, **kwargs))
 
-    with _PATCH_LOCK:
-        original_re = convert.re
-        convert.get_modules_to_not_convert, convert.re = merged, _PatternSearchRe()
-        try:
-            yield
-        finally:
-            convert.get_modules_to_not_convert, convert.re = original, original_re
+    with _swapped(_PATCH_LOCK, convert, get_modules_to_not_convert=merged, re=_PatternSearchRe()):
+        yield
 
 
 def merge_patterns(patterns) -> list[str]:
@@ -149,12 +144,8 @@ def cached_scheme_fields(quant: str):
             known[cls] = dataclasses.fields(cls)
         return known[cls]
 
-    with _SCHEMES_LOCK:
-        schemes.fields = cached
-        try:
-            yield
-        finally:
-            schemes.fields = dataclasses.fields
+    with _swapped(_SCHEMES_LOCK, schemes, fields=cached):
+        yield
 
 
 def _autoround_schemes_module():
@@ -174,6 +165,20 @@ def _code_names(code) -> set[str]:
         return set()
     nested = [c for c in code.co_consts if hasattr(c, "co_names")]
     return set(code.co_names).union(*(_code_names(c) for c in nested))
+
+
+@contextlib.contextmanager
+def _swapped(lock, module, **attributes):
+    """`module`'s attributes replaced for the length of the block (under `lock`, as they are module-global)."""
+    with lock:
+        originals = {name: getattr(module, name) for name in attributes}
+        for name, value in attributes.items():
+            setattr(module, name, value)
+        try:
+            yield
+        finally:
+            for name, value in originals.items():
+                setattr(module, name, value)
 
 
 @contextlib.contextmanager
@@ -219,12 +224,8 @@ def copied_quant_layers(quant: str):
             return build(layer, backend, config, in_features, out_features, packing_format)
         return _copy(firsts[kind])
 
-    with _LAYERS_LOCK:
-        convert._create_quant_layer = copied
-        try:
-            yield
-        finally:
-            convert._create_quant_layer = build
+    with _swapped(_LAYERS_LOCK, convert, _create_quant_layer=copied):
+        yield
 
 
 _BUILD_ARGS = ("layer", "layer_backend", "config", "in_features", "out_features", "packing_format")
