@@ -1,7 +1,9 @@
 """A list of prompts as one batch vs one by one: throughput, and how many items stay their solo run.
 
 - batch_speedup_demo: 8 prompts on the demo model, sequential CPU seconds / batched CPU seconds,
-  the median of pairs timed alternately (benchmarks/timing.py), with its IQR; wall-clock too.
+  the median of pairs timed alternately (benchmarks/timing.py), with its IQR; wall-clock too. The
+  ceiling beside it is what no batch can beat: all items' steps over the longest item's (the batch
+  takes at least that many forwards), were a batched step to cost a solo one.
 - batch_speedup_slice: the same on the real-geometry slice (every tensor at the released shape, two
   text layers; 2 steps per item, one block), when its cached build exists; never built here (4.6 GB).
 - identical_items: share of items whose tokens, masks, text, canvas_state, run_config and frames
@@ -18,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,10 +49,11 @@ def speedup(dm, knobs: Knobs, repeats: int, label: str, warmup: bool = True) -> 
     t0 = time.perf_counter()
     sequential()
     t1 = time.perf_counter()
-    batched()
+    steps = [len(result.trace) for result in batched()]
     wall = (t1 - t0) / (time.perf_counter() - t1)
     med, iqr = median_iqr(ratios)
-    print(f"{label}: sequential/batched CPU median {med:.3f} IQR {iqr:.3f}; wall {wall:.3f}", flush=True)
+    print(f"{label}: sequential/batched CPU median {med:.3f} IQR {iqr:.3f}; wall {wall:.3f}; ceiling "
+          f"{sum(steps) / max(steps):.2f} ({sum(steps)} item steps, the longest item {max(steps)})", flush=True)
     return med, iqr, wall
 
 
@@ -63,6 +68,25 @@ def identical(dm, count: int, steps: int) -> tuple[int, int]:
     return same, sum(entropy_exact(a, b) for a, b in zip(solo, batched))
 
 
+def projection_headroom(dm, items: int = len(PROMPTS)) -> None:
+    """Print what batching can gain on a step's largest product, the vocabulary projection: `items`
+    one-item products' time over one `items`-item product's (1.0: the device was already busy)."""
+    weight = dm.model.get_output_embeddings().weight
+    one = torch.randn(dm.canvas_length, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    many = torch.cat([one] * items)
+    seconds = []
+    for x in (one, many):
+        torch.nn.functional.linear(x, weight)
+        start = time.perf_counter()
+        for _ in range(3):
+            torch.nn.functional.linear(x, weight)
+        seconds.append((time.perf_counter() - start) / 3)
+    flops = 2 * one.shape[0] * weight.shape[0] * weight.shape[1]
+    gain = items * seconds[0] / seconds[1]
+    print(f"slice: vocabulary projection {flops / seconds[0] / 1e9:.0f} GFLOP/s for one item, "
+          f"{items * flops / seconds[1] / 1e9:.0f} for {items}: batching can gain {gain:.2f}x there", flush=True)
+
+
 def slice_speedup(repeats: int) -> str:
     from diffusiongemma.testing import realslice
 
@@ -72,6 +96,7 @@ def slice_speedup(repeats: int) -> str:
     dm = load_model(str(folder), device="cpu")
     med, iqr, wall = speedup(dm, Knobs(seed=3, num_inference_steps=2, gen_length=dm.canvas_length, confidence=0.0),
                              repeats, "slice", warmup=False)
+    projection_headroom(dm)
     return f"{med:.3f} (IQR {iqr:.3f}, CPU time, 2 steps per item; wall {wall:.3f})"
 
 
