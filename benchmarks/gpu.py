@@ -22,6 +22,9 @@ stays inside the window.
     python benchmarks/gpu.py --dry-run     # the same path on the CPU through the loader at the small twins
                                            # of the real-geometry slice (CI); compile with "eager"
 
+On a lent GPU machine (a 15-minute lease) run it through `benchmarks/gpu_device.sh`, which installs
+the wheels the machine lacks and runs one phase per call within a timeout.
+
 Last line: per twin (bf16, int4) s_per_step_48, s_per_step_fast16, tok_per_s_48, peak_gib, compile_s, fast,
 and per batch size b (1, 4, 8) batch{b}_s_per_step and batch{b}_tok_per_s.
 """
@@ -80,25 +83,33 @@ def write_twin(quant: str, out: Path, dry_run: bool) -> Path:
         return realslice.int4_dir(size, base) if quant == "autoround" else realslice.slice_dir(size, base)
     if quant == "autoround":
         return fulllayout.build(out / "int4", text={}, vision={})
-    from transformers import DiffusionGemmaForBlockDiffusion
-
     from diffusiongemma.testing.tiny import generation_config
     from diffusiongemma.testing.tiny_tokenizer import build_tokenizer
 
-    config = realscale.real_config()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = DiffusionGemmaForBlockDiffusion(config)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    model = random_real_model()
     model.save_pretrained(out / "bf16", max_shard_size="5GB")
     del model
     torch.cuda.empty_cache()
     generation_config().save_pretrained(out / "bf16")
-    build_tokenizer(config.get_text_config(decoder=True).vocab_size).save_pretrained(out / "bf16")
+    build_tokenizer(model_vocab()).save_pretrained(out / "bf16")
     realslice._release_config(out / "bf16" / "config.json", realslice.REAL)
     return out / "bf16"
+
+
+def model_vocab() -> int:
+    return realscale.real_config().get_text_config(decoder=True).vocab_size
+
+
+def random_real_model():
+    """The full real geometry in bf16 with random weights, made on the GPU (about 52 GB)."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            return DiffusionGemmaForBlockDiffusion(realscale.real_config()).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 class PeakSampler:
@@ -229,15 +240,23 @@ def variants(model, device: str, backend: str, step_counts, plain: dict) -> tupl
     return best, compile_s
 
 
-def bench(folder: Path, quant: str, device: str, backend: str, step_counts, fast: bool) -> str:
-    """Load `folder` through the pack's loader and time it; one `key=value` summary."""
+def loaded(folder: Path | None, quant: str, device: str):
+    """The model to time: `folder` through the pack's loader, or (None) the bf16 geometry made in memory."""
+    start = time.perf_counter()
+    if folder is None:
+        model = random_real_model()
+        print(f"{quant}: made in memory in {time.perf_counter() - start:.1f} s (not through the loader)", flush=True)
+        return model
+    dm = load_model(str(folder), quant=quant, device="cuda" if device == "cuda" else "cpu")
+    print(f"{quant}: loaded in {time.perf_counter() - start:.1f} s on {dm.device}; "
+          f"{dm.placement_note or 'whole on one device'}", flush=True)
+    return dm.model
+
+
+def bench(folder: Path | None, quant: str, device: str, backend: str, step_counts, fast: bool) -> str:
+    """Load `folder` (None: make the model in memory) and time it; one `key=value` summary."""
     with PeakSampler(device) as peak:
-        start = time.perf_counter()
-        dm = load_model(str(folder), quant=quant, device="cuda" if device == "cuda" else "cpu")
-        load_s = time.perf_counter() - start
-        print(f"{quant}: loaded in {load_s:.1f} s on {dm.device}; {dm.placement_note or 'whole on one device'}",
-              flush=True)
-        model, results = dm.model, {}
+        model, results = loaded(folder, quant, device), {}
         for steps in step_counts:
             run(model, steps, device)  # warm-up
             ids, per_step, done = run(model, steps, device)
@@ -263,9 +282,13 @@ def main(argv=None) -> None:
     parser.add_argument("--no-fast", action="store_true", help="skip the static-cache and compiled paths")
     parser.add_argument("--workdir", help="where the checkpoints are written, one at a time (default: a temp dir)")
     parser.add_argument("--quants", default="none,autoround", help="which twins: none (bf16), autoround (INT4)")
+    parser.add_argument("--in-memory", action="store_true",
+                        help="bf16 only: make the model on the GPU instead of writing and loading a checkpoint")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no CUDA device; run with --dry-run to check the script on the CPU")
+    if args.in_memory and (args.dry_run or args.quants != "none"):
+        sys.exit("--in-memory makes the bf16 geometry on a GPU: give it with --quants none and without --dry-run")
     device, backend, step_counts = ("cpu", "eager", (2, 3)) if args.dry_run else ("cuda", "inductor", (16, 48))
     if args.dry_run:
         torch.set_num_threads(1)  # the small twin's 128 experts are many tiny matmuls
@@ -273,11 +296,11 @@ def main(argv=None) -> None:
     work = Path(args.workdir or ("" if args.dry_run else tempfile.mkdtemp(prefix="dgemma-gpu-")))
     lines = []
     for quant in args.quants.split(","):
-        folder = write_twin(quant, work, args.dry_run)
+        folder = None if args.in_memory else write_twin(quant, work, args.dry_run)
         try:
             lines.append(bench(folder, quant, device, backend, step_counts, not args.no_fast))
         finally:
-            if not args.dry_run:
+            if folder is not None and not args.dry_run:
                 shutil.rmtree(folder, ignore_errors=True)  # the disk holds one real-size checkpoint at a time
     print(" ".join(lines) + f" device={device}")
 
