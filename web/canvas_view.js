@@ -13,6 +13,7 @@
 // by the steps naming that item, under a header counting the settled items.
 
 const STYLE_ID = "dgemma-live-view-style";
+export const ROW_PX = 84; // height of a list run's row: its header, its prompt and two lines of text
 const NAME = /^[a-z]+$/;
 
 const CSS = `
@@ -40,7 +41,8 @@ const CSS = `
 .dgemma-view.dg-error .dg-header { color: #ff8a80; }
 .dgemma-view.dg-interrupted .dg-header { color: #ffcc80; }
 .dgemma-view .dg-rows { display: flex; flex-direction: column; gap: 3px; height: 100%; white-space: normal; }
-.dgemma-view .dg-row { display: flex; flex: 1 1 0; min-height: 52px; }
+/* a row keeps its header, prompt and two lines of text; more rows scroll */
+.dgemma-view .dg-row { display: flex; flex: 1 0 ${ROW_PX}px; min-height: ${ROW_PX}px; }
 `;
 
 function ensureStyle(doc) {

@@ -2,14 +2,13 @@
 // dgemma.start / dgemma.step / dgemma.done websocket events (see nodes/events.py).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { createCanvasView } from "./canvas_view.js";
+import { ROW_PX, createCanvasView } from "./canvas_view.js";
 
 const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise", "DGemmaSamplerAdvanced"]);
 const WIDGET = "dgemma_live_view";
 const views = new WeakMap(); // LGraphNode -> canvas view
 // The last run per node, kept across workflow tab switches (the frontend makes new nodes on each).
 const lastRuns = new Map(); // "workflow|graph|class|id" -> view snapshot
-const ROW_PX = 84;          // height a list run's row needs (its header, its prompt and two lines of text)
 const MIN_PX = 140;
 const MAX_PX = 480;
 

@@ -484,6 +484,30 @@ try {
     assertEq(r.after, Math.min(r.before + (B_START.items - 1) * 84, 100 + 480), `node height ${r.before} -> ${r.after}`);
   });
 
+  await check("glue: a list longer than the node can grow keeps each row's text readable and scrolls", async () => {
+    const r = await page.evaluate(async ({ start }) => {
+      const { app, FakeNode } = await import("/scripts/app.js");
+      const { api } = await import("/scripts/api.js");
+      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
+      const host = document.createElement("div");
+      document.body.appendChild(host);
+      const n = new FakeNode("DGemmaSampler", 42, host);
+      ext.nodeCreated(n, app);
+      n.id = 42;
+      app.rootGraph.add(n);
+      const rows = Array.from({ length: 40 }, (_, i) => start.rows[i % start.rows.length]);
+      api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, items: 40, rows, node: "42" } }));
+      await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+      const body = n.widgets[0].element.querySelector(".dg-body");
+      body.style.height = `${n.size[1]}px`;
+      const heights = [...body.querySelectorAll(".dg-row")].map((row) => row.getBoundingClientRect().height);
+      return { heights, scrolls: body.scrollHeight > body.clientHeight };
+    }, { start: B_START });
+    assertEq(r.heights.length, 40, "rows");
+    assert(Math.min(...r.heights) >= 84, `row heights ${Math.min(...r.heights)} .. ${Math.max(...r.heights)}`);
+    assert(r.scrolls, "the rows scroll inside the view");
+  });
+
   await check("a workflow tab switch keeps each node's last run", async () => {
     const r = await page.evaluate(async ({ start, step, done }) => {
       const { app, FakeNode } = await import("/scripts/app.js");
