@@ -69,7 +69,7 @@ function joinTokens(tokens) {
 }
 
 export function createCanvasView(container, { idleText = "DiffusionGemma · waiting for a run", label = "",
-  follow = true } = {}) {
+  follow = true, queued = false } = {}) {
   const doc = container.ownerDocument || document;
   ensureStyle(doc);
 
@@ -130,8 +130,9 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       box.className = "dg-row";
       rowsBox.appendChild(box);
       // A row shows its answer's start: it does not follow the text down as a single view does.
+      // A row waits until its first step: a long list runs in batches, and only one batch denoises at a time.
       const child = createCanvasView(box, { idleText: `item ${i + 1} · waiting`, label: `item ${i + 1} · `,
-        follow: false });
+        follow: false, queued: true });
       child.start({ ...common, ...row });
       return child;
     });
@@ -157,7 +158,8 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     if (status === "error") return `error: ${doneEv.message ?? "the run failed"}`;
     if (status === "interrupted") return `interrupted · ${k} of ${n} items settled`;
     if (status === "done") return `done · ${n} items settled, ${doneEv.steps_used ?? "?"} steps`;
-    return `${n} items denoising together · ${k} of ${n} settled`;
+    const working = rows.filter((child, i) => child.started() && !(i in settled)).length;
+    return `${working} of ${n} items denoising together · ${k} settled`;
   }
 
   function requestPaint() {
@@ -197,7 +199,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     }
     if (!last) {
       setHeader(doneEv?.status === "interrupted" ? "interrupted before the first step"
-        : `block 1/${blocks ?? "?"} · starting · canvas ${run?.canvasLength ?? "?"}`);
+        : queued ? "waiting for its batch" : `block 1/${blocks ?? "?"} · starting · canvas ${run?.canvasLength ?? "?"}`);
       return;
     }
     const status = doneEv?.status ?? (doneEv ? "done" : null);
@@ -366,6 +368,11 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     text() {
       if (rows) return rows.map((child) => child.text()).join("\n");
       return finished.join("") + (last ? joinTokens(last.tokens) : "");
+    },
+
+    /** Whether a step of this run has come. */
+    started() {
+      return last !== null;
     },
 
     /** A list run's row views, one per item (empty for a single run). */

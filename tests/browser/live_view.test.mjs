@@ -373,13 +373,16 @@ try {
     await page.evaluate((events) => feed(view, events), BATCH.slice(0, 1 + half));
     const mid = await rowsOf();
     assertEq(mid.rows.length, B_START.items, "rows");
-    const settledMid = Object.keys(B_STEPS[half - 1].settled).length;
-    assertEq(mid.header, `${B_START.items} items denoising together · ${settledMid} of ${B_START.items} settled`,
+    const settledMid = Object.keys(B_STEPS[half - 1].settled);
+    const working = [...Array(B_START.items).keys()].filter((i) => B_STEPS.slice(0, half).some((s) => s.item === i)
+      && !settledMid.includes(String(i))).length;
+    assertEq(mid.header, `${working} of ${B_START.items} items denoising together · ${settledMid.length} settled`,
       "list header mid-run");
     mid.rows.forEach((row, i) => {
       const own = B_STEPS.slice(0, half).filter((s) => s.item === i);
       assertEq(row.text, own.length ? expectedText(own) : "", `row ${i} text mid-run`);
-      assert(row.header.startsWith(`item ${i + 1} · `), `row ${i} header: ${row.header}`);
+      assert(row.header.startsWith(own.length ? `item ${i + 1} · ` : `item ${i + 1} · waiting for its batch`),
+        `row ${i} header: ${row.header}`);
       if (own.length && !(String(i) in B_STEPS[half - 1].settled)) {
         const lastOwn = own[own.length - 1];
         assertEq(row.header, `item ${i + 1} · committed ${Math.round(lastOwn.committed * 100)}% · block `
@@ -482,6 +485,24 @@ try {
     }, { start: B_START, step: B_STEPS[0] });
     assertEq(r.rows, B_START.items, "rows in the node");
     assertEq(r.after, Math.min(r.before + (B_START.items - 1) * 84, 100 + 480), `node height ${r.before} -> ${r.after}`);
+  });
+
+  await check("a list's items past the running batch wait, and the header counts only the batch", async () => {
+    const r = await page.evaluate(async ({ start, step }) => {
+      const box = document.createElement("div");
+      document.body.appendChild(box);
+      const v = createCanvasView(box);
+      v.start({ ...start, items: 3, rows: [0, 1, 2].map((i) => start.rows[i % start.rows.length]) });
+      v.step({ ...step, item: 0, settled: {} });
+      await frames2();
+      v.flush();
+      return { header: v.element.querySelector(".dg-header").textContent,
+        rows: v.rows().map((row) => row.element.querySelector(".dg-header").textContent) };
+    }, { start: B_START, step: B_STEPS[0] });
+    assertEq(r.header, "1 of 3 items denoising together · 0 settled", "list header");
+    assertEq(r.rows[1], "item 2 · waiting for its batch", "a waiting row");
+    assertEq(r.rows[2], "item 3 · waiting for its batch", "a waiting row");
+    assert(r.rows[0].startsWith("item 1 · committed"), `the working row: ${r.rows[0]}`);
   });
 
   await check("glue: a list longer than the node can grow keeps each row's text readable and scrolls", async () => {
