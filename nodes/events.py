@@ -109,13 +109,15 @@ class BatchStream:
     """The events of one node's list run: one StepStream per item, painted as rows of one view.
 
     A single item sends exactly a single run's events. Several add the item count and each item's
-    blocks and steps to the start, and to every step the item it belongs to and the items settled
-    so far (item index -> its steps).
+    blocks and steps to the start, and to every step the item it belongs to and the items that
+    settled since the previous step (item index -> its steps): a list of a thousand items would
+    otherwise resend every settled item with every step.
     """
 
     def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int, token_strings):
         self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings) for blocks, steps in rows]
         self.settled: dict[str, int] = {}
+        self.fresh: dict[str, int] = {}  # settled since the last step event
 
     @property
     def items(self) -> int:
@@ -137,11 +139,13 @@ class BatchStream:
 
     def step(self, index: int, frame) -> dict:
         event = self.streams[index].step(frame)
-        return event if self.items == 1 else {**event, "item": index, "items": self.items,
-                                              "settled": dict(self.settled)}
+        if self.items == 1:
+            return event
+        fresh, self.fresh = self.fresh, {}
+        return {**event, "item": index, "items": self.items, "settled": fresh}
 
     def settle(self, index: int) -> None:
-        self.settled[str(index)] = self.streams[index].count
+        self.settled[str(index)] = self.fresh[str(index)] = self.streams[index].count
 
     def progress_text(self, index: int, frame) -> str:
         text = self.streams[index].progress_text(frame)

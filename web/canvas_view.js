@@ -41,8 +41,10 @@ const CSS = `
 .dgemma-view.dg-error .dg-header { color: #ff8a80; }
 .dgemma-view.dg-interrupted .dg-header { color: #ffcc80; }
 .dgemma-view .dg-rows { display: flex; flex-direction: column; gap: 3px; height: 100%; white-space: normal; }
-/* a row keeps its header, prompt and two lines of text; more rows scroll */
-.dgemma-view .dg-row { display: flex; flex: 1 0 ${ROW_PX}px; min-height: ${ROW_PX}px; }
+/* a row keeps its header, prompt and two lines of text; more rows scroll, and the browser lays out and
+   paints only the rows in sight (a list may hold a thousand) */
+.dgemma-view .dg-row { display: flex; flex: 1 0 ${ROW_PX}px; min-height: ${ROW_PX}px;
+  content-visibility: auto; contain-intrinsic-size: auto ${ROW_PX}px; }
 `;
 
 function ensureStyle(doc) {

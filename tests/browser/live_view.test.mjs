@@ -373,7 +373,7 @@ try {
     await page.evaluate((events) => feed(view, events), BATCH.slice(0, 1 + half));
     const mid = await rowsOf();
     assertEq(mid.rows.length, B_START.items, "rows");
-    const settledMid = Object.keys(B_STEPS[half - 1].settled);
+    const settledMid = B_STEPS.slice(0, half).flatMap((s) => Object.keys(s.settled)); // each step tells the newly settled
     const working = [...Array(B_START.items).keys()].filter((i) => B_STEPS.slice(0, half).some((s) => s.item === i)
       && !settledMid.includes(String(i))).length;
     assertEq(mid.header, `${working} of ${B_START.items} items denoising together · ${settledMid.length} settled`,
@@ -383,7 +383,7 @@ try {
       assertEq(row.text, own.length ? expectedText(own) : "", `row ${i} text mid-run`);
       assert(row.header.startsWith(own.length ? `item ${i + 1} · ` : `item ${i + 1} · waiting for its batch`),
         `row ${i} header: ${row.header}`);
-      if (own.length && !(String(i) in B_STEPS[half - 1].settled)) {
+      if (own.length && !settledMid.includes(String(i))) {
         const lastOwn = own[own.length - 1];
         assertEq(row.header, `item ${i + 1} · committed ${Math.round(lastOwn.committed * 100)}% · block `
           + `${lastOwn.block + 1}/${lastOwn.blocks} · step ${lastOwn.step + 1}/${lastOwn.steps}`, `row ${i} header`);
