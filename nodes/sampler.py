@@ -48,7 +48,8 @@ class LiveRun:
                         else None for c in calls]
         self.asked = [(c.prompt, c.options["image"]) for c in calls]
         self.total = sum(blocks * steps for blocks, steps in rows)
-        self.reached = [0] * len(calls)
+        self.reached = [0] * len(calls)  # per item, and in all: steps of the bar reached
+        self.done_steps = 0
         self.stream = BatchStream(str(node_id) if node_id is not None else "", rows, model.canvas_length,
                                   model.token_strings)
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
@@ -65,8 +66,10 @@ class LiveRun:
             split = getattr(self.model, "placement_note", "")  # a remote model has no local placement
             self.note.show(self.stream.progress_text(index, frame) + (f"\n{split}" if split else ""))
             host.send(STEP, self.stream.step(index, frame))
-        self.reached[index] = frame.block * self.rows[index][1] + frame.step + 1
-        self.bar.to(sum(self.reached))
+        reached = frame.block * self.rows[index][1] + frame.step + 1
+        self.done_steps += reached - self.reached[index]
+        self.reached[index] = reached
+        self.bar.to(self.done_steps)
 
     def settle(self, index) -> None:
         self.stream.settle(index)

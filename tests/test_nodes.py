@@ -109,6 +109,15 @@ def test_events_progress_and_payload_size(tmp_path, tiny_model):
     assert [v for v, _ in comfy.progress] == [1, 2, 3, 4, 5, 5] and comfy.progress[0][1] == 5
 
 
+def test_the_progress_bar_moves_by_a_two_hundredth_or_a_tenth_of_a_second_and_always_ends(tmp_path):
+    with fakecomfy.installed(tmp_path) as comfy:  # a long list: ten thousand steps in well under a second
+        bar = host.Progress(10_000, "17")
+        for value in range(1, 10_001):
+            bar.to(value)
+    values = [v for v, _ in comfy.progress]
+    assert values[-1] == 10_000 and values == sorted(values) and 200 <= len(values) <= 230
+
+
 def test_progress_text_under_the_node_each_step_then_the_answer(tmp_path, demo, monkeypatch):
     monkeypatch.setattr(host.ProgressText, "every", 0.0)  # no rate limit: one text per step
     advanced = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
