@@ -10,7 +10,7 @@
 // animation frame, so hundreds of steps cost no more DOM than one.
 //
 // A list run (a start event with `items` > 1) paints one row per item, each a view of its own fed
-// by the steps naming that item, under a header counting the settled items.
+// by the steps naming that item, under a header counting the items denoising and settled.
 
 const STYLE_ID = "dgemma-live-view-style";
 export const ROW_PX = 84; // height of a list run's row: its header, its prompt and two lines of text
