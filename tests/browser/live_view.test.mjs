@@ -148,6 +148,17 @@ try {
   // Helpers in the page: feed events, wait for animation frames, read what is painted.
   await page.evaluate(() => {
     window.frames2 = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+    // A sampler node as ComfyUI makes one, given to the live view's extension (loaded by the first glue check).
+    window.glueNode = async (cls, id) => {
+      const { app, FakeNode } = await import("/scripts/app.js");
+      const host = document.createElement("div");
+      document.body.appendChild(host);
+      const n = new FakeNode(cls, id, host);
+      app.extensions.find((e) => e.name === "DiffusionGemma.LiveView").nodeCreated(n, app);
+      n.id = id;
+      app.rootGraph.add(n);
+      return n;
+    };
     window.feed = (view, events) => {
       for (const e of events) view[e.type.slice("dgemma.".length)](e.data);
     };
@@ -468,15 +479,8 @@ try {
 
   await check("glue: a list run grows its node to show every row", async () => {
     const r = await page.evaluate(async ({ start, step }) => {
-      const { app, FakeNode } = await import("/scripts/app.js");
       const { api } = await import("/scripts/api.js");
-      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
-      const host = document.createElement("div");
-      document.body.appendChild(host);
-      const n = new FakeNode("DGemmaSampler", 41, host);
-      ext.nodeCreated(n, app);
-      n.id = 41;
-      app.rootGraph.add(n);
+      const n = await glueNode("DGemmaSampler", 41);
       const before = n.size[1];
       api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, node: "41" } }));
       api.dispatchEvent(new CustomEvent("dgemma.step", { detail: { ...step, node: "41" } }));
@@ -507,15 +511,8 @@ try {
 
   await check("glue: a list longer than the node can grow keeps each row's text readable and scrolls", async () => {
     const r = await page.evaluate(async ({ start }) => {
-      const { app, FakeNode } = await import("/scripts/app.js");
       const { api } = await import("/scripts/api.js");
-      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
-      const host = document.createElement("div");
-      document.body.appendChild(host);
-      const n = new FakeNode("DGemmaSampler", 42, host);
-      ext.nodeCreated(n, app);
-      n.id = 42;
-      app.rootGraph.add(n);
+      const n = await glueNode("DGemmaSampler", 42);
       const rows = Array.from({ length: 40 }, (_, i) => start.rows[i % start.rows.length]);
       api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, items: 40, rows, node: "42" } }));
       await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
@@ -531,26 +528,16 @@ try {
 
   await check("a workflow tab switch keeps each node's last run", async () => {
     const r = await page.evaluate(async ({ start, step, done }) => {
-      const { app, FakeNode } = await import("/scripts/app.js");
+      const { app } = await import("/scripts/app.js");
       const { api } = await import("/scripts/api.js");
-      const ext = app.extensions.find((e) => e.name === "DiffusionGemma.LiveView");
-      const host = document.createElement("div");
-      document.body.appendChild(host);
-      const make = (id) => {
-        const n = new FakeNode("DGemmaSamplerAdvanced", id, host);
-        ext.nodeCreated(n, app);
-        n.id = id;
-        app.rootGraph.add(n);
-        return n;
-      };
-      const before = make(31);
+      const before = await glueNode("DGemmaSamplerAdvanced", 31);
       const send = (type, detail) => api.dispatchEvent(new CustomEvent(type, { detail }));
       send("dgemma.start", { ...start, node: "31" });
       send("dgemma.step", { ...step, node: "31" });
       send("dgemma.done", { ...done, node: "31", paused: true });
       before.onRemoved?.(); // switching tabs removes the nodes; coming back makes new ones
       app.rootGraph.remove?.(before);
-      const after = make(31);
+      const after = await glueNode("DGemmaSamplerAdvanced", 31);
       await new Promise((r) => setTimeout(r, 20));
       await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
       const el = after.widgets[0].element;
