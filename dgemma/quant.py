@@ -19,8 +19,6 @@ import struct
 
 import torch
 
-from .patches_autoround import merged_tie_patterns  # noqa: F401  (testing.realscale prepares a model under it)
-
 QUANTS = ("none", "autoround")
 # Fused MoE expert parameters (3D); auto-round splits them into per-expert linears.
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
