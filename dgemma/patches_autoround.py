@@ -57,10 +57,7 @@ def merged_tie_patterns(quant: str):
     only to the tested versions, by wrapping the module attributes for the length of our call;
     nothing installed is edited.
     """
-    convert = _autoround_convert_module() if quant == "autoround" else None
-    if quant == "autoround":
-        _note("auto-round tie patterns", convert is not None,
-              "merged into one regex" if convert is not None else "auto-round version or code differs")
+    convert = _tested(quant, "auto-round tie patterns", "merged into one regex", _autoround_convert_module)
     if convert is None:
         yield
         return
@@ -129,10 +126,7 @@ def cached_scheme_fields(quant: str):
     a class's fields do not change, so its module gets the same tuple from a cache for the length of
     our call. Applied only to the tested versions.
     """
-    schemes = _autoround_schemes_module() if quant == "autoround" else None
-    if quant == "autoround":
-        _note("auto-round scheme fields", schemes is not None,
-              "cached per class" if schemes is not None else "auto-round version or code differs")
+    schemes = _tested(quant, "auto-round scheme fields", "cached per class", _autoround_schemes_module)
     if schemes is None:
         yield
         return
@@ -157,6 +151,16 @@ def _autoround_schemes_module():
     scheme = getattr(schemes, "QuantizationScheme", None)
     names = _code_names(getattr(getattr(scheme, "get_attributes", None), "__code__", None))
     return schemes if "fields" in names and getattr(schemes, "fields", None) is dataclasses.fields else None
+
+
+def _tested(quant: str, patch: str, done: str, find):
+    """What `patch` changes in auto-round for this load (`find()`; None: not an auto-round load, or code
+    other than the one it was checked against), logged once either way."""
+    if quant != "autoround":
+        return None
+    found = find()
+    _note(patch, found is not None, done if found is not None else "auto-round version or code differs")
+    return found
 
 
 def _code_names(code) -> set[str]:
@@ -198,13 +202,7 @@ def copied_quant_layers(quant: str):
     the rest are copies of the first, each with its own containers (buffers, hooks) holding the same
     empty meta tensors. A kind is copied only where its copy equals a second layer built afresh.
     """
-    convert = _autoround_convert_module() if quant == "autoround" else None
-    build = getattr(convert, "_create_quant_layer", None)
-    if build is not None and list(inspect.signature(build).parameters) != list(_BUILD_ARGS):
-        build = None
-    if quant == "autoround":
-        _note("auto-round packed layers", build is not None,
-              "copied per kind" if build is not None else "auto-round version or code differs")
+    build = _tested(quant, "auto-round packed layers", "copied per kind", _autoround_layer_builder)
     if build is None:
         yield
         return
@@ -224,11 +222,17 @@ def copied_quant_layers(quant: str):
             return build(layer, backend, config, in_features, out_features, packing_format)
         return _copy(firsts[kind])
 
-    with _swapped(_LAYERS_LOCK, convert, _create_quant_layer=copied):
+    with _swapped(_LAYERS_LOCK, _autoround_convert_module(), _create_quant_layer=copied):
         yield
 
 
 _BUILD_ARGS = ("layer", "layer_backend", "config", "in_features", "out_features", "packing_format")
+
+
+def _autoround_layer_builder():
+    """auto-round's packed-layer constructor, if its signature is the one the copies were checked against."""
+    build = getattr(_autoround_convert_module(), "_create_quant_layer", None)
+    return build if build is not None and list(inspect.signature(build).parameters) == list(_BUILD_ARGS) else None
 
 
 def _copy(module):
