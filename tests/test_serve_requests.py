@@ -137,7 +137,7 @@ CASES = [  # (path, body, status, the field the error names)
 
 @pytest.fixture(scope="module")
 def server():
-    with served() as (url, _):
+    with served("--model", "diffusiongemma-demo") as (url, _):  # the demo by the name the Loader lists it under
         yield url
 
 
