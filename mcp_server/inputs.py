@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import re
 from pathlib import Path
 
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import SEED_MAX
+from ..dgemma.pictures import read_picture
 from ..dgemma.resume import AUTO, resolve_start
 
 MAX_IMAGE_BYTES = 32 * 2**20
@@ -54,19 +54,13 @@ def folder(value: str, name: str = "output_dir") -> Path:
 
 
 def image(value: str, allowed: tuple[Path, ...]):
-    """An IMAGE batch [1, H, W, 3] in 0..1 from base64 PNG/JPEG (a data URL or bare) or a path under `allowed`."""
-    import numpy as np
-    import torch
-    from PIL import Image, UnidentifiedImageError
+    """An IMAGE batch [1, H, W, 3] in 0..1 from base64 PNG/JPEG (a data URL or bare) or a path under `allowed`.
 
-    raw = _image_bytes(value, allowed)
-    try:
-        with Image.open(io.BytesIO(raw)) as pic:
-            pixels = np.asarray(pic.convert("RGB"), dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError) as err:
-        raise InputError("image", f"image is not a PNG or JPEG picture ({err}); pass base64 PNG/JPEG bytes or a "
-                                  "path to a picture file") from None
-    return torch.from_numpy(pixels)[None]
+    The picture's size is read from its header and held to the pixel budget before it is decoded.
+    """
+    import torch
+
+    return torch.from_numpy(read_picture(_image_bytes(value, allowed), "image"))[None]
 
 
 def _image_bytes(value: str, allowed: tuple[Path, ...]) -> bytes:

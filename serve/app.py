@@ -8,7 +8,6 @@ at the next step; a full queue answers 429 with Retry-After; bad bodies get 4xx 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import threading
 import time
@@ -19,34 +18,62 @@ from aiohttp import web
 from ..dgemma.errors import InputError
 from ..dgemma.loop import Cancelled
 from ..dgemma.wire import step_json
-from .requests import image_tensor, job_of
+from .connections import BODY_TIMEOUT, Connections
+from .requests import UnknownModel, context_of, job_of
 from .runs import Engine, sse, timings
+from .safety import PREFLIGHT_HEADERS, Policy, json_content
 
 ENGINE = web.AppKey("engine", Engine)
-TOKEN = web.AppKey("token", str)
+POLICY = web.AppKey("policy", Policy)
+CONNECTIONS = web.AppKey("connections", Connections)
+MAX_MESSAGE = 600  # characters of an error message: a client's huge value is never echoed whole
 
 
-def error(status: int, message: str, param: str | None = None, headers=None) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": param, "code": status}}
+def clip(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 150] + " ... " + text[-140:]
+
+
+def error(status: int, message: str, param: str | None = None, headers=None, code=None) -> web.Response:
+    body = {"error": {"message": clip(message), "type": "invalid_request_error" if status < 500 else "server_error",
+                      "param": param, "code": code or status}}
     return web.json_response(body, status=status, headers=headers)
+
+
+def refusal(request) -> web.Response | None:
+    """The safety rules, before any routing work: Host, Origin (and CORS preflight), token, content type."""
+    policy, headers = request.app[POLICY], request.headers
+    why = policy.host_refusal(headers.get("Host"))
+    if why is None:
+        why = policy.origin_refusal(headers.get("Origin"), headers.get("Host"), request.scheme)
+    if why is not None:
+        return error(403, why)
+    if request.method == "OPTIONS" and policy.allowed_origin(headers.get("Origin")):
+        return web.Response(status=204, headers=PREFLIGHT_HEADERS)
+    if request.path != "/health" and not policy.token_accepted(headers.get("Authorization", "")):
+        return error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                     headers={"WWW-Authenticate": "Bearer"})
+    routed = request.match_info.http_exception is None
+    if routed and request.method == "POST" and not json_content(headers.get("Content-Type")):
+        return error(415, "the Content-Type header must be application/json (the body is a JSON object); got "
+                          f"{headers.get('Content-Type', 'none')[:60]!r}", "Content-Type")
+    return None
 
 
 @web.middleware
 async def guard(request, handler):
-    """Bearer token on everything but /health; any refusal or surprise becomes a JSON error."""
-    token = request.app[TOKEN]
-    if token and request.path != "/health":
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
-                         headers={"WWW-Authenticate": "Bearer"})
+    """The safety rules first; then any refusal or surprise becomes a short JSON error."""
+    refused = refusal(request)
+    if refused is not None:
+        return refused
     try:
-        return await handler(request)
+        with request.app[CONNECTIONS].answering(request.transport):
+            return await handler(request)
     except web.HTTPException as err:
         if err.status >= 400:
             return error(err.status, err.reason if err.text is None else err.text)
         raise
+    except UnknownModel as err:
+        return error(404, str(err), err.name, code="model_not_found")
     except InputError as err:
         return error(400, str(err), err.name)
     except Cancelled:
@@ -55,17 +82,36 @@ async def guard(request, handler):
         return error(500, f"{type(err).__name__}: {err}")
 
 
-async def body_of(request) -> dict:
-    raw = await request.read()  # over the size limit: aiohttp's 413 says the limit and the size
+async def cors(request, response) -> None:
+    """Responses to a page at an origin given with --allow-origin say so; no other page gets CORS headers."""
+    origin = request.headers.get("Origin")
+    if request.app[POLICY].allowed_origin(origin):
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Vary"] = "Origin"
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+async def body_of(request) -> object:
+    """The JSON body, read within BODY_TIMEOUT; over the size limit, aiohttp's 413 says the limit and the size."""
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError("body", f"the body is not JSON ({err}); send a JSON object") from None
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the body did not arrive within {BODY_TIMEOUT:g} s") from None
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise InputError("body", "the body nests too deeply; send a flatter JSON object") from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise InputError("body", f"the body is not JSON ({str(err)[:120]}); send a JSON object") from None
 
 
 async def health(request):
     engine = request.app[ENGINE]
-    return web.json_response({"status": "ok", "model": engine.model_id, "busy": engine.jobs})
+    return web.json_response({"status": "ok", "model": engine.model_id, "busy": engine.jobs, "started": engine.started,
+                              "contexts": len(engine.contexts)})
 
 
 async def models(request):
@@ -97,17 +143,12 @@ class Cancel:
 
 async def contexts(request):
     engine = request.app[ENGINE]
-    body = await body_of(request)
-    if not isinstance(body, dict) or not isinstance(body.get("text", ""), str):
-        raise InputError("text", "send {'text': str, 'onto': handle or null, 'image': optional}")
-    onto = engine.contexts.get("context", body["onto"]) if body.get("onto") is not None else None
-    image = image_tensor(body["image"]) if body.get("image") is not None else None
+    text, onto, image = context_of(await body_of(request), engine.contexts)
     if not engine.admit():
         return busy(engine)
     try:
         loop = asyncio.get_running_loop()
-        made = await loop.run_in_executor(engine.worker, engine.encode, body.get("text", ""), onto, image,
-                                          Cancel(request))
+        made = await loop.run_in_executor(engine.worker, engine.encode, text, onto, image, Cancel(request))
     finally:
         engine.release()
     return web.json_response(made)
@@ -115,12 +156,11 @@ async def contexts(request):
 
 async def chat(request):
     engine = request.app[ENGINE]
-    body = await body_of(request)
-    job = job_of(body, engine.contexts, engine.resumes)
+    job = job_of(await body_of(request), engine.contexts, engine.resumes, engine.model_id)
     if not engine.admit():
         return busy(engine)
     try:
-        if body.get("stream"):
+        if job.stream:
             return await stream(request, engine, job)
         return await complete(request, engine, job)
     finally:
@@ -178,7 +218,7 @@ def ending(top: dict, engine, run) -> bytes:
     if run.exception() is not None:
         err = run.exception()
         param = err.name if isinstance(err, InputError) else None
-        return sse({**top, "error": {"message": str(err), "type": type(err).__name__, "param": param}}) + \
+        return sse({**top, "error": {"message": clip(str(err)), "type": type(err).__name__, "param": param}}) + \
             b"data: [DONE]\n\n"
     result, meta, wall = run.result()
     state, pieces = result.state, []
@@ -195,9 +235,12 @@ def ending(top: dict, engine, run) -> bytes:
     return b"".join(pieces) + b"data: [DONE]\n\n"
 
 
-def build_app(engine: Engine, token: str = "", max_body: int = 64 * 2**20) -> web.Application:
+def build_app(engine: Engine, policy: Policy | None = None, max_body: int = 64 * 2**20,
+              connections: Connections | None = None) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=max_body)
-    app[ENGINE], app[TOKEN] = engine, token
+    app[ENGINE], app[POLICY] = engine, policy or Policy()
+    app[CONNECTIONS] = connections or Connections()
+    app.on_response_prepare.append(cors)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/dgemma/tokens", tokens)

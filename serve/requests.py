@@ -1,26 +1,40 @@
 """An OpenAI chat request into the engine's run: prompt, knobs, advanced options, context, image.
 
 A strict OpenAI client sends only `messages` (and maybe `seed`, `max_tokens`) and gets the
-defaults; this pack's client sends every knob in the `dgemma` object. Refusals are InputErrors
-naming the field, raised before any model work.
+defaults; this pack's client sends every knob in the `dgemma` object. Every field is checked for
+its exact JSON type (no "false" taken as true, no 1.5 as a seed); refusals are InputErrors naming
+the field, raised before any model work.
 """
 
 from __future__ import annotations
 
 import base64
-import io
+import binascii
+import math
+import reprlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import knobs_from
-from ..dgemma.resume import AUTO, Advanced
+from ..dgemma.knobs import KNOBS, knobs_from
+from ..dgemma.pictures import MAX_PIXELS, read_picture
+from ..dgemma.resume import AUTO, WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import Scheduling
+from ..dgemma.vision import MAX_IMAGES
 
 MAX_MESSAGES = 64
 MAX_PROMPT_CHARS = 200_000  # the engine refuses a turn over its token limit; this bounds the text first
 MAX_IMAGE_VALUES = 4 * 4096 * 4096
+EXTENSION_FIELDS = ("knobs", "advance_context", "context", "image", "advanced")
+ADVANCED_FIELDS = ("scheduler", "start_step", "end_step", "pins", "resume")
+CONTEXT_FIELDS = ("text", "onto", "image")
+_REPR = reprlib.Repr()  # bounded: a client's huge or deep value shows as its first few items
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 40, 40
+
+
+class UnknownModel(InputError):
+    """The request names a model this server does not serve (OpenAI's 404 model_not_found)."""
 
 
 @dataclass
@@ -30,6 +44,12 @@ class Job:
     prompt: str
     knobs: object
     options: dict = field(default_factory=dict)  # context, image, advanced, advance_context
+    stream: bool = False
+
+
+def show(value) -> str:
+    """A short, bounded rendering of a client's value for an error message."""
+    return f"{_REPR.repr(value)} ({type(value).__name__})"
 
 
 def _need(cond: bool, name: str, msg: str) -> None:
@@ -37,21 +57,38 @@ def _need(cond: bool, name: str, msg: str) -> None:
         raise InputError(name, msg)
 
 
+def typed(obj: dict, key: str, kind, what: str, name: str | None = None):
+    """obj[key] when it has exactly JSON type `kind` (a bool is no integer), None when absent or null."""
+    value, name = obj.get(key), name or key
+    if value is None:
+        return None
+    _need(isinstance(value, kind) and not (kind is int and isinstance(value, bool)), name,
+          f"{name} must be {what}, got {show(value)}")
+    return value
+
+
+def only(obj: dict, allowed: tuple, name: str) -> None:
+    unknown = sorted(k for k in obj if k not in allowed)
+    _need(not unknown, name, f"{name} has an unknown field {show(unknown[0]) if unknown else ''}; its fields are "
+                             f"{', '.join(allowed)}")
+
+
 def _text_of(content) -> tuple[str, list]:
     """(text, image parts) of a message's content: a string, or OpenAI content parts."""
     if isinstance(content, str):
         return content, []
     _need(isinstance(content, list), "messages", f"a message's content must be text or a list of parts, got "
-                                                 f"{type(content).__name__}")
+                                                 f"{show(content)}")
     texts, images = [], []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        _need(kind in ("text", "image_url"), "messages", f"content parts must be text or image_url, got {kind!r}")
+        _need(kind in ("text", "image_url"), "messages", f"content parts must be text or image_url, got {show(kind)}")
         if kind == "text":
             _need(isinstance(part.get("text"), str), "messages", "a text part needs a string 'text'")
             texts.append(part["text"])
         else:
             images.append(part.get("image_url"))
+    _need(len(images) <= MAX_IMAGES, "image", f"{len(images)} images in one turn, over the limit of {MAX_IMAGES}")
     return "".join(texts), images
 
 
@@ -69,6 +106,13 @@ def prompt_of(body: dict) -> tuple[str, list]:
     return text, images
 
 
+def _base64(data: str, name: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(name, f"{name} data is not valid base64; send the bytes base64-encoded") from None
+
+
 def image_tensor(spec):
     """A float32 [B, H, W, C] tensor from {"shape", "data": base64 of little-endian float32}."""
     import torch
@@ -76,71 +120,107 @@ def image_tensor(spec):
     _need(isinstance(spec, dict) and isinstance(spec.get("shape"), list) and isinstance(spec.get("data"), str),
           "image", "image must be {'shape': [B, H, W, C], 'data': base64 float32}")
     shape = spec["shape"]
-    _need(len(shape) == 4 and all(isinstance(n, int) and n > 0 for n in shape), "image",
-          f"image shape must be four positive integers, got {shape}")
-    _need(int(np.prod(shape)) <= MAX_IMAGE_VALUES, "image", f"image {shape} is over {MAX_IMAGE_VALUES} values")
-    raw = base64.b64decode(spec["data"], validate=True)
-    _need(len(raw) == 4 * int(np.prod(shape)), "image", f"image data is {len(raw)} bytes; shape {shape} needs "
-                                                        f"{4 * int(np.prod(shape))}")
+    _need(len(shape) == 4 and all(type(n) is int and n > 0 for n in shape), "image",
+          f"image shape must be four positive integers, got {show(shape)}")
+    values = math.prod(shape)  # exact: no wrap-around for a hostile shape
+    _need(values <= MAX_IMAGE_VALUES, "image", f"image shape {show(shape)} is over {MAX_IMAGE_VALUES} values")
+    _need(len(spec["data"]) <= 4 * math.ceil(4 * values / 3) + 4, "image", f"image data is longer than shape "
+                                                                          f"{shape} needs")
+    raw = _base64(spec["data"], "image")
+    _need(len(raw) == 4 * values, "image", f"image data is {len(raw)} bytes; shape {shape} needs {4 * values}")
     return torch.from_numpy(np.frombuffer(raw, "<f4").astype(np.float32).reshape(shape))
 
 
 def url_images(parts: list):
-    """OpenAI image_url parts (data: URLs of PNG/JPEG) as one batch; remote URLs are not fetched."""
-    import torch
-    from PIL import Image
+    """OpenAI image_url parts (data: URLs of PNG/JPEG) as one batch; remote URLs are not fetched.
 
-    arrays = []
+    Each picture's size is read from its header and the pixels of the whole turn share one budget.
+    """
+    import torch
+
+    arrays, budget = [], MAX_PIXELS
     for part in parts:
         url = part.get("url") if isinstance(part, dict) else None
         _need(isinstance(url, str) and url.startswith("data:image/") and ";base64," in url, "image",
               "image_url must be a data: URL (data:image/png;base64,...); the server fetches nothing")
-        picture = Image.open(io.BytesIO(base64.b64decode(url.split(";base64,", 1)[1]))).convert("RGB")
-        arrays.append(np.asarray(picture, np.float32) / 255.0)
+        pixels = read_picture(_base64(url.split(";base64,", 1)[1], "image"), "image", budget)
+        budget -= pixels.shape[0] * pixels.shape[1]
+        arrays.append(pixels)
     _need(len({a.shape for a in arrays}) == 1, "image", "images of one turn must share a size")
     return torch.from_numpy(np.stack(arrays))
 
 
 def knobs_of(body: dict, ext: dict):
     """Knobs: the dgemma object's, else the OpenAI fields a strict client may send, else defaults."""
-    values = dict(ext.get("knobs") or {})
-    if "seed" not in values and isinstance(body.get("seed"), int):
-        values["seed"] = body["seed"]
-    tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if "gen_length" not in values and tokens is not None:
-        values["gen_length"] = tokens
-    thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")
+    values = dict(typed(ext, "knobs", dict, "an object of knob names and values", "knobs") or {})
+    seed = typed(body, "seed", int, "an integer")
+    if "seed" not in values and seed is not None:
+        values["seed"] = seed
+    for name in ("max_completion_tokens", "max_tokens"):
+        tokens, spec = typed(body, name, int, "an integer"), KNOBS["gen_length"]
+        _need(tokens is None or spec.lo <= tokens <= spec.hi, name, f"{name} must be from {spec.lo} to {spec.hi}, "
+                                                                    f"got {show(tokens)}")
+        if "gen_length" not in values and tokens is not None:
+            values["gen_length"] = tokens
+    kwargs = typed(body, "chat_template_kwargs", dict, "an object") or {}
+    thinking = typed(kwargs, "enable_thinking", bool, "true or false", "chat_template_kwargs")
     if "thinking" not in values and thinking is not None:
         values["thinking"] = thinking
     return knobs_from(values)
 
 
 def advanced_of(spec, resumes) -> Advanced:
-    _need(isinstance(spec, dict), "advanced", "advanced must be an object")
-    sched = spec.get("scheduler") or {}
-    _need(isinstance(sched, dict), "scheduler", "scheduler must be an object with a name and its knobs")
+    _need(isinstance(spec, dict), "advanced", f"advanced must be an object, got {show(spec)}")
+    only(spec, ADVANCED_FIELDS, "advanced")
+    sched = typed(spec, "scheduler", dict, "an object with a name and its knobs") or {}
+    typed(sched, "name", str, "a scheduler name", "scheduler")
     try:
         scheduling = Scheduling(**sched)
     except TypeError as err:
         raise InputError("scheduler", f"scheduler has an unknown field ({err})") from None
-    handle = spec.get("resume")
+    start, end = (typed(spec, name, int, "an integer") for name in ("start_step", "end_step"))
+    pins = typed(spec, "pins", str, "text") or ""
+    handle = typed(spec, "resume", str, "a canvas_state handle (text)")
     resume = resumes.get("canvas_state", handle) if handle is not None else None
-    return Advanced(scheduling, spec.get("start_step", AUTO), spec.get("end_step", 1024), spec.get("pins", ""), resume)
+    return Advanced(scheduling, AUTO if start is None else start, WINDOW_KNOBS["end_step"].default if end is None
+                    else end, pins, resume)
 
 
-def job_of(body, contexts, resumes) -> Job:
+def check_model(body: dict, served: str) -> None:
+    """An absent model means the served one; any other name is OpenAI's model_not_found."""
+    asked = typed(body, "model", str, "text (the served model's id)")
+    if asked is not None and asked != served:
+        raise UnknownModel("model", f"model {show(asked)} is not served here; this server serves {served!r}")
+
+
+def job_of(body, contexts, resumes, served: str) -> Job:
     """The run a chat request asks for; every field checked, nothing run."""
     _need(isinstance(body, dict), "body", f"the body must be a JSON object, got {type(body).__name__}")
-    ext = body.get("dgemma") or {}
-    _need(isinstance(ext, dict), "dgemma", "dgemma must be an object")
+    check_model(body, served)
+    stream = typed(body, "stream", bool, "true or false") or False
+    ext = typed(body, "dgemma", dict, "an object") or {}
+    only(ext, EXTENSION_FIELDS, "dgemma")
     prompt, parts = prompt_of(body)
-    options = {"advance_context": bool(ext.get("advance_context", False))}
-    if ext.get("context") is not None:
-        options["context"] = contexts.get("context", ext["context"])
+    options = {"advance_context": typed(ext, "advance_context", bool, "true or false") or False}
+    context = typed(ext, "context", str, "a context handle (text)")
+    if context is not None:
+        options["context"] = contexts.get("context", context)
+    _need(ext.get("image") is None or not parts, "image", "send the image once: either dgemma.image or "
+                                                          "image_url parts, not both")
     if ext.get("image") is not None:
         options["image"] = image_tensor(ext["image"])
     elif parts:
         options["image"] = url_images(parts)
     if ext.get("advanced") is not None:
         options["advanced"] = advanced_of(ext["advanced"], resumes)
-    return Job(prompt, knobs_of(body, ext), options)
+    return Job(prompt, knobs_of(body, ext), options, stream)
+
+
+def context_of(body, contexts) -> tuple[str, object, object]:
+    """(text, the context to continue or None, image or None) of a contexts request."""
+    _need(isinstance(body, dict), "body", f"the body must be a JSON object, got {type(body).__name__}")
+    only(body, CONTEXT_FIELDS, "body")
+    text = typed(body, "text", str, "text") or ""
+    onto = typed(body, "onto", str, "a context handle (text)")
+    image = image_tensor(body["image"]) if body.get("image") is not None else None
+    return text, contexts.get("context", onto) if onto is not None else None, image

@@ -34,6 +34,9 @@ class Handles:
                 self._items.popitem(last=False)
         return handle
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def get(self, name: str, handle):
         with self._lock:
             item = self._items.get(handle) if isinstance(handle, str) else None
@@ -59,6 +62,7 @@ class Engine:
         self.resumes = Handles("state", 8)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgemma-run")
         self.jobs = 0  # running + waiting
+        self.started = 0  # runs and encodes admitted since the server started
         self._lock = threading.Lock()
 
     def admit(self) -> bool:
@@ -67,6 +71,7 @@ class Engine:
             if self.jobs > self.max_queue:
                 return False
             self.jobs += 1
+            self.started += 1
             return True
 
     def release(self) -> None:
@@ -74,10 +79,11 @@ class Engine:
             self.jobs -= 1
 
     def info(self) -> dict:
+        """The model card's engine facts: the model by its name only, never the server's checkpoint path."""
         dm = self.dm
         return {"canvas_length": dm.canvas_length, "max_positions": dm.max_positions, "vocab_size": dm.vocab_size,
                 "vision": dm.image_processor is not None, "tokenizer_fingerprint": dm.tokenizer_fingerprint,
-                "protocol": 1, **dm.describe()}
+                "protocol": 1, **dm.describe(), "model_source": self.model_id}
 
     def frame_chunk(self, head: dict, steps: int):
         """on_frame for one run: the step as a diffusion_frame chunk (the shim's fields, plus the trace's)."""

@@ -12,12 +12,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _files_limit(files: int):
+    def limit():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    return limit
+
+
 @contextmanager
-def served(*args: str, env: dict | None = None):
-    """Start the server on a free port; yields its URL and the process; stops it afterwards."""
+def served(*args: str, env: dict | None = None, files: int | None = None):
+    """Start the server on a free port (with at most `files` open files, if given); yields its URL and the
+    process; stops it afterwards."""
     proc = subprocess.Popen([sys.executable, "-m", "serve", "--port", "0", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, preexec_fn=files and _files_limit(files))
     try:
         url = None
         for line in proc.stdout:

@@ -27,6 +27,7 @@ from diffusiongemma.remote.http import RemoteError
 Sampler, Denoise = NODE_CLASS_MAPPINGS["DGemmaSampler"], NODE_CLASS_MAPPINGS["DGemmaDenoise"]
 Advanced, Encode = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"], NODE_CLASS_MAPPINGS["DGemmaEncode"]
 KNOBS = dict(Knobs().asdict(), num_inference_steps=16, gen_length=32)  # short runs: the CPU is shared
+JSON = {"Content-Type": "application/json"}
 TRACE_ARRAYS = ("blocks", "steps", "ids", "committed_bits", "entropy", "stop_bits", "pinned_bits", "times",
                 "knob_index")
 
@@ -174,8 +175,9 @@ def busy(url: str, until_idle: bool = False) -> int:
 def raw(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    json_type = {"Content-Type": "application/json"} if method == "POST" else {}
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers={**json_type, **(headers or {})})
         response = conn.getresponse()
         return response.status, response.read().decode(), dict(response.getheaders())
     finally:
@@ -187,7 +189,7 @@ def test_a_client_that_disconnects_cancels_its_run(remote):
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True,
             "dgemma": {"knobs": {"confidence": 0.0, "num_inference_steps": 1000, "gen_length": 2000}}}
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body))
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=JSON)
     response = conn.getresponse()
     for _ in range(6):
         response.fp.readline()
@@ -226,7 +228,7 @@ def test_a_full_queue_answers_429_with_retry_after():
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
         body = {"messages": [{"role": "user", "content": "hi"}], "stream": True,
                 "dgemma": {"knobs": {"confidence": 0.0, "num_inference_steps": 1000, "gen_length": 2000}}}
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body))
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=JSON)
         response = conn.getresponse()
         response.fp.readline()
         status, text, headers = raw(url, "POST", "/v1/chat/completions",
