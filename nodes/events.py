@@ -27,8 +27,9 @@ def _piece(text: str) -> str:
 
 
 def step_states(frame, previous) -> str:
-    """State digits of `frame`; `previous` is the step before in the same run, or None."""
-    rows = [frame] if previous is None else [previous, frame]
+    """State digits of `frame`; `previous` is the step before in the same run, or None (also when its canvas
+    has another width: a text-only engine's next chunk)."""
+    rows = [frame] if previous is None or previous.ids.shape != frame.ids.shape else [previous, frame]
     def masks(name):
         if getattr(frame, name) is None:
             return None

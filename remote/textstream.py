@@ -66,7 +66,7 @@ def numbers(data, where: str, url: str) -> dict:
 def whole(value, name: str, lo: int, hi: int, url: str) -> int:
     """An integer from the server inside [lo, hi], else a RemoteError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise RemoteError(f"{url} sent {name}={str(value)[:40]!r}; it must be a whole number from {lo} to {hi}")
+        raise RemoteError(f"{url} sent {name}={repr(value)[:40]}; it must be a whole number from {lo} to {hi}")
     return value
 
 
