@@ -226,3 +226,28 @@ def test_nan_timings_are_dropped_so_the_run_log_stays_strict_json():
     assert trace.readings.reported["timings"] == {"diffusion_steps": 1}
     for row in records(trace, config, state, frames):
         strict(row)
+
+
+def test_the_vllm_fixture_every_reading_exact_the_engines_or_unknown(local, tmp_path):
+    fixtures = REPO / "tests" / "fixtures" / "remote"
+    card = json.loads((fixtures / "vllm_models.json").read_text())
+    (text, state, trace, frames, images, config), events, bodies, _ = shim_run(
+        (fixtures / "vllm_stream.sse").read_text(), card)
+    unknown = {"ids", "entropy", "t", "T", "stop", "stopped_early", "steps", "converged", "answer_tokens",
+               "canvas_length"}
+    assert set(trace.readings.unknown) == unknown  # the rest: text, committed (a canvas is sent committed)
+    assert state.committed_fraction == local[1].committed_fraction == 1.0 and trace.committed.all()
+    assert state.steps_used is state.converged is state.answer_tokens is None and state.blocks == 2
+    assert set(config.readings.knobs_sent) == {"seed", "gen_length", "num_inference_steps", "thinking"}
+    assert bodies[0]["vllm_xargs"] == {"diffusion_max_steps": 48}
+    rows = [strict(r) for r in records(trace, config, state, frames)]
+    assert rows[0]["t_min"] is None and rows[0]["num_inference_steps_requested"] == 48
+    assert rows[0]["canvas_length"] is None and rows[0]["num_inference_steps_effective"] is None
+    assert all(r["step"] is None and r["t"] is None for r in rows[1:-1]) and rows[-1]["steps_used"] is None
+    steps = [d for n, d in events if n == "dgemma.step"]
+    assert [s["caption"] for s in steps] == [f"block {b}/≤?  step ?  T ?  committed 100.0%  answer text per canvas"
+                                             for b in (1, 2)]
+    (_, summary), _ = call(Trace, canvas_trace=trace, mode="commit", cell_px=1)
+    assert "block 2: ? steps, early stop unknown" in summary and "confidence=" not in summary
+    again = replay(*read_log(write_jsonl(rows, tmp_path, "vllm")))
+    assert np.array_equal(render_frames(again, again.token_strings), render_frames(trace, trace.token_strings))
