@@ -21,7 +21,7 @@ from diffusiongemma.dgemma.states import NAMES, PALETTE, UNKNOWN_COLOUR
 from diffusiongemma.nodes import host
 from diffusiongemma.remote.http import RemoteError
 
-REAL_SHIM = (REPO.parent / "shared" / "reference" / "streams" / "shim_think1.sse")
+REAL_SHIM = REPO / "tests" / "fixtures" / "remote" / "shim_think1.real.sse"  # captured from the real engine
 SHIM_CARD = {"object": "list", "data": [{"id": "diffusiongemma", "object": "model", "owned_by": "unsloth"}]}
 KNOBS = dict(seed=7, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.005,
              gen_length=256, thinking=True)
