@@ -24,6 +24,7 @@ SHIM_BLOCK = 256         # the shim runs ceil(max_tokens / 256) blocks
 CANVAS_MAX = 8192        # a canvas size beyond this (or below 1) is refused
 STEPS_MAX = 1024         # a step budget beyond this is refused (the knob's own maximum)
 PIECES_PER_TOKEN = 4     # word pieces a frame may show per canvas token
+CELLS_PER_BLOCK = 64 * 1024  # frames x the widest frame's pieces (it sizes the pictures), per 256 tokens asked
 NUMBER_KEYS = 40         # timing and usage entries kept, at most
 NAN = float("nan")
 
@@ -86,6 +87,8 @@ class TextStream:
         tokens = (math.ceil(knobs.gen_length / SHIM_BLOCK) + 1) * max(canvas, SHIM_BLOCK)  # whole canvases, + one
         self.text_chars = TOKEN_CHARS * tokens
         self.frames: list[tuple[int, int, np.ndarray]] = []
+        self.width = 0  # the widest frame so far, in word pieces
+        self.cells = CELLS_PER_BLOCK * math.ceil(knobs.gen_length / SHIM_BLOCK)
         self.budget = None  # the engine's step budget per block, from its first frame
         self.content, self.reasoning, self.chars = [], [], 0
         self.finish, self.usage, self.timings = None, {}, {}
@@ -111,6 +114,11 @@ class TextStream:
         if len(pieces) > self.frame_pieces:
             raise RemoteError(f"{self.url} sent a frame of {len(pieces)} word pieces; at most {self.frame_pieces} "
                               "are shown for a canvas")
+        self.width = max(self.width, len(pieces))
+        if (len(self.frames) + 1) * self.width > self.cells:
+            raise RemoteError(f"{self.url} sent {len(self.frames) + 1} frames up to {self.width} word pieces wide: "
+                              f"over the {self.cells} cells gen_length {self.knobs.gen_length} may paint; stopped "
+                              "reading")
         ids = self.model.token_strings.ids(pieces)
         self.frames.append((block, step, ids))
         if self.on_frame is not None:

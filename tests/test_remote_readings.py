@@ -210,6 +210,7 @@ def _frames(n, total=8, block=0, text="seven"):
     ("step 500 of 8 steps", [frame(0, 500, 8, "x")], "step=500"),
     ("a step budget of 10^6", [frame(0, 0, 10**6, "x")], "total=1000000"),
     ("a 500 kB frame", [frame(0, 0, 8, "x" * 500_000)], "frame of 500000 characters"),
+    ("frames too wide to paint", _frames(200, 1000, text=" abcdefg" * 1000), "over the 65536 cells"),
     ("a 500 kB content delta", [frame(0, 0, 8, "x"), delta(content="y" * 500_000)], "characters of text"),
     ("canvas -32 in the timings", [frame(0, 0, 8, "x"), delta(content="seven"), delta("stop"),
                                    chunk(choices=[], timings={"diffusion_canvas": -32})], "diffusion_canvas=-32"),
