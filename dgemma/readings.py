@@ -52,6 +52,9 @@ class Readings:
     def lines(self) -> list[str]:
         """The record in words, for a payload's text preview."""
         out = [f"engine: {self.engine}" + (f"; frames show {self.canvas}" if self.canvas else "")]
+        if self.knobs_sent or self.knobs_not_sent:
+            out.append(f"knobs sent: {', '.join(self.knobs_sent) or 'none'}; not the run's setting (the engine's "
+                       f"own): {', '.join(self.knobs_not_sent) or 'none'}")
         if self.unknown:
             out.append("unknown: " + "; ".join(f"{name} ({why})" for name, why in self.unknown.items()))
         return out

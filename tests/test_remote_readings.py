@@ -131,6 +131,7 @@ def test_the_live_view_captions_heatmaps_and_summary_say_unknown(real_shim):
         cells = np.rint(picture[0].numpy() * 255).astype(np.uint8)
         assert (cells == UNKNOWN_COLOUR).all(axis=-1).all(), mode
         assert "unknown (rose)" in summary and "not committed" not in summary and "confidence=" not in summary
+        assert "knobs sent: seed, gen_length; not the run's setting (the engine's own): num_inference_steps" in summary
         assert "18 of 48 steps, stopped early" in summary and "entropy unknown" in summary
     pictures = render_frames(trace, trace.token_strings)
     text_pixels = pictures.reshape(-1, 3)
