@@ -187,7 +187,7 @@ class FramesBackend(TextBackend):
         return math.ceil(knobs.gen_length / SHIM_BLOCK)
 
     def take(self, stream, chunk) -> None:
-        if chunk.get("type") != "diffusion_frame":
+        if not isinstance(chunk, dict) or chunk.get("type") != "diffusion_frame":
             new = stream.take(chunk)
             if new.startswith(ERROR_MARKS):  # the shim's in-band error channel: never an answer
                 raise RemoteError(f"the diffusion_frame engine at {self.remote.url} answered with an error: "
@@ -209,14 +209,19 @@ class FramesBackend(TextBackend):
             raise RemoteError(f"{self.remote.url} sent a plain chat stream ({len(said)} characters of answer, no "
                               "diffusion_frame chunk): it is not a DiffusionGemma diffusion engine; serve the model "
                               "with Unsloth's shim, vLLM or this pack's server (python -m serve)")
-        per_block = trace.steps_per_block
-        early = [n < stream.budget for n in per_block]
+        early = [n < stream.budget for n in trace.steps_per_block]  # one frame per step: the engine's counts
         unknown = {"answer_tokens": _completion(stream)}
         if not all(early):
             unknown["converged"] = "a block ran all its steps, and the engine sends no committed mask"
+        steps = stream.timings.get("diffusion_steps", len(trace))
+        steps = whole(steps, "timings.diffusion_steps", 0, stream.blocks_max * stream.budget, self.remote.url)
+        if steps != len(trace):  # frames were not one per step: per-block counts and stops are not known
+            why = f"the engine ran {steps} steps but sent {len(trace)} frames"
+            unknown.update(steps=why, stopped_early=why, converged=why)
         canvas = self._canvas(stream, trace, unknown)
         reported = {"steps_per_block": stream.budget, "stopped_early": early, "canvas_length": canvas}
-        values = {"converged": True if all(early) else None, "committed_fraction": None, "steps_used": len(trace)}
+        converged = True if all(early) and "converged" not in unknown else None
+        values = {"converged": converged, "committed_fraction": None, "steps_used": steps}
         return values, unknown, reported
 
     def _canvas(self, stream, trace, unknown: dict) -> int | None:

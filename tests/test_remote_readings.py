@@ -253,3 +253,12 @@ def test_the_vllm_fixture_every_reading_exact_the_engines_or_unknown(local, tmp_
     assert "block 2: ? steps, early stop unknown" in summary and "confidence=" not in summary
     again = replay(*read_log(write_jsonl(rows, tmp_path, "vllm")))
     assert np.array_equal(render_frames(again, again.token_strings), render_frames(trace, trace.token_strings))
+
+
+def test_frames_fewer_than_the_engines_steps_leave_the_stops_unknown():
+    stream = sse([frame(0, 0, 8, "x"), frame(0, 4, 8, "seven"), delta(content="seven"), delta("stop"),
+                  chunk(choices=[], timings={"diffusion_steps": 8, "diffusion_blocks": 1}), "[DONE]"])
+    (text, state, trace, *_), *_ = shim_run(stream)
+    assert state.steps_used == 8 and state.converged is None
+    assert "8 steps but sent 2 frames" in trace.readings.unknown["stopped_early"]
+    assert "adaptive stop: unknown" in str(trace)
