@@ -245,7 +245,7 @@ class FramesBackend(TextBackend):
 class VllmBackend(TextBackend):
     """vLLM (and SGLang): one chunk per committed canvas; per-request knobs go in `vllm_xargs`."""
 
-    dialect, committed, canvas = "vllm", True, "answer text per canvas"
+    dialect, committed, canvas = "vllm", True, "canvas text"
     unknown = {"stopped_early": "vLLM streams one chunk per committed canvas, not its steps",
                "steps": "vLLM streams one chunk per committed canvas, not its steps",
                "converged": "vLLM reports no steps or stops",

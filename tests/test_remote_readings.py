@@ -247,7 +247,7 @@ def test_the_vllm_fixture_every_reading_exact_the_engines_or_unknown(local, tmp_
     assert rows[0]["canvas_length"] is None and rows[0]["num_inference_steps_effective"] is None
     assert all(r["step"] is None and r["t"] is None for r in rows[1:-1]) and rows[-1]["steps_used"] is None
     steps = [d for n, d in events if n == "dgemma.step"]
-    assert [s["caption"] for s in steps] == [f"block {b}/≤?  step ?  T ?  committed 100.0%  answer text per canvas"
+    assert [s["caption"] for s in steps] == [f"block {b}/≤?  step ?  T ?  committed 100.0%  canvas text"
                                              for b in (1, 2)]
     (_, summary), _ = call(Trace, canvas_trace=trace, mode="commit", cell_px=1)
     assert "block 2: ? steps, early stop unknown" in summary and "confidence=" not in summary
