@@ -9,7 +9,9 @@ from __future__ import annotations
 from .context import encode_context
 from .errors import InputError
 from .guide import guide_for
+from .loop import num_blocks
 from .run import generate, prepare, run_batch
+from .schedulers import Scheduling
 
 
 class LocalBackend:
@@ -31,6 +33,21 @@ LOCAL = LocalBackend()
 
 def backend_of(model):
     return getattr(model, "backend", None) or LOCAL
+
+
+def plan_of(model, knobs, advanced=None) -> tuple:
+    """(blocks, steps per block) a run plans: upper bounds for the live view, None where a remote engine
+    fixes them itself and says so only while it runs."""
+    engine = backend_of(model)
+    if hasattr(engine, "plan"):
+        return engine.plan(model, knobs)
+    scheduling = advanced.scheduling if advanced is not None else Scheduling()
+    return num_blocks(knobs.gen_length, model.canvas_length), scheduling.steps(knobs)
+
+
+def readings_of(model):
+    """The readings a model's engine declares before it runs (readings.Readings); None: every one exact."""
+    return getattr(backend_of(model), "readings", None)
 
 
 def run_items(model, items, *, on_frame=None, on_settled=None, should_cancel=None, max_batch=None) -> list:

@@ -3,7 +3,8 @@
 Rows are the executed steps of every block, top to bottom, with one separator row between
 blocks; columns are canvas positions. Commit mode reads the scheduler's committed mask; entropy
 mode paints the captured entropy on one fixed scale, so heatmaps of different runs compare, or
-on the run's own range, which shows the small entropies of a confident (demo) model.
+on the run's own range, which shows the small entropies of a confident (demo) model. A reading the
+run's engine did not send (readings.py) is painted in the "unknown" colour and said so.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 import numpy as np
 
 from .errors import require_type
-from .states import NAMES, PALETTE
+from .readings import knob_not_sent, why_unknown
+from .states import ALL_COLOURS, NAMES, PALETTE, UNKNOWN_COLOUR, UNKNOWN_NAME
 from .trace import CanvasTrace
 
 MODES = ("commit", "entropy")
@@ -71,14 +73,21 @@ def ramp(level: np.ndarray) -> np.ndarray:
 
 
 def _commit_colours(trace) -> np.ndarray:
-    palette = np.array([PALETTE[s] for s in range(len(PALETTE))], np.uint8)
+    palette = np.array([ALL_COLOURS[s] for s in range(len(ALL_COLOURS))], np.uint8)
     return palette[trace.states()]
+
+
+def _colours(trace, mode: str, scale: str) -> np.ndarray:
+    if mode == "commit":
+        return _commit_colours(trace)
+    if why_unknown(trace, "entropy"):
+        return np.full((*trace.ids.shape, 3), UNKNOWN_COLOUR, np.uint8)
+    return ramp(entropy_level(trace.entropy, scale_cap(trace, scale)))
 
 
 def grid(trace, mode: str, scale: str = "fixed") -> np.ndarray:
     """(rows, L, 3) uint8 at one pixel per cell, separator rows included."""
-    colours = (_commit_colours(trace) if mode == "commit"
-               else ramp(entropy_level(trace.entropy, scale_cap(trace, scale))))
+    colours = _colours(trace, mode, scale)
     L = trace.canvas_length
     if not len(trace):
         return np.full((1, L, 3), PALETTE[0], np.uint8)
@@ -113,37 +122,61 @@ def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
     check_inputs(mode, 1, trace, scale)
     k = trace.knobs
     config = " ".join(f"{name}={value}" for name, value in trace.scheduler_config.items())
-    lines = [f"DGemmaTrace {mode} heatmap: {len(trace)} steps in {trace.num_blocks} block(s), "
-             f"canvas {trace.canvas_length} positions",
-             f"scheduler: {trace.scheduler_name} {config}; confidence={k.confidence}"]
-    committed = trace.committed
-    stops = tuple(trace.block_stopped_early)
+    confidence = "" if knob_not_sent(trace, "confidence") else f"; confidence={k.confidence}"
+    canvas = f"canvas {trace.canvas_length} positions"
+    if why_unknown(trace, "ids"):  # a text-only engine's frames: word pieces of its text, not tokens
+        canvas = f"{trace.canvas_length} word pieces of the engine's text per row (not tokens)"
+    lines = [f"DGemmaTrace {mode} heatmap: {len(trace)} steps in {trace.num_blocks} block(s), {canvas}",
+             f"scheduler: {trace.scheduler_name} {config}{confidence}"]
     for b in range(trace.num_blocks):
-        rows = np.flatnonzero(trace.blocks == b)
-        early = b < len(stops) and stops[b]
-        stop = "stopped early (adaptive stop)" if early else "no early stop"
-        mean_h = float(trace.entropy[rows].astype(np.float32).mean())
-        lines.append(f"block {b + 1}: {len(rows)} of {k.num_inference_steps} steps, {stop}, "
-                     f"mean entropy {mean_h:.3f} nats, last step committed {100 * committed[rows[-1]].mean():.1f}%")
-        lines.append("  committed % per step (block-local, committed at that step):")
-        lines += ["    " + line for line in _percent_lines(committed[rows].mean(axis=1))]
+        lines += _block_lines(trace, b)
     lines.append("layout: one row per executed step, top to bottom, all blocks stacked; a magenta row "
-                 "separates blocks; one column per canvas position, left to right")
+                 f"separates blocks; one column per {'word piece' if why_unknown(trace, 'ids') else 'canvas position'}"
+                 ", left to right")
+    lines += _legend(trace, mode, scale)
+    if trace.readings is not None:
+        lines += trace.readings.lines()
+    return "\n".join(lines)
+
+
+def _block_lines(trace, b: int) -> list[str]:
+    """A block's steps, its stop, mean entropy and committed share; what the engine did not send is unknown."""
+    rows, stops = np.flatnonzero(trace.blocks == b), tuple(trace.block_stopped_early)
+    budget = trace.knobs.num_inference_steps
+    if knob_not_sent(trace, "num_inference_steps"):
+        budget = (trace.readings.reported.get("steps_per_block") or "?") if trace.readings else "?"
+    early = b < len(stops) and stops[b]
+    stop = ("early stop unknown" if why_unknown(trace, "stopped_early") else
+            "stopped early (adaptive stop)" if early else "no early stop")
+    steps = "? steps" if why_unknown(trace, "steps") else f"{len(rows)} of {budget} steps"
+    entropy = ("entropy unknown" if why_unknown(trace, "entropy") else
+               f"mean entropy {float(trace.entropy[rows].astype(np.float32).mean()):.3f} nats")
+    if why_unknown(trace, "committed"):
+        return [f"block {b + 1}: {steps}, {stop}, {entropy}, committed unknown"]
+    committed = trace.committed
+    return [f"block {b + 1}: {steps}, {stop}, {entropy}, last step committed {100 * committed[rows[-1]].mean():.1f}%",
+            "  committed % per step (block-local, committed at that step):",
+            *("    " + line for line in _percent_lines(committed[rows].mean(axis=1)))]
+
+
+def _legend(trace, mode: str, scale: str) -> list[str]:
+    unknown = why_unknown(trace, "committed" if mode == "commit" else "entropy")
+    if unknown:
+        return [f"colours: {UNKNOWN_NAME} (rose) = the engine did not send it: {unknown}"]
     if mode == "commit":
-        lines.append(f"colours: {NAMES[2]} (white) = committed at this step and the one before with the same "
-                     f"token; {NAMES[1]} (amber) = newly committed or changed at this step; {NAMES[0]} (grey) = "
-                     "not committed (renoised to a random token); the adaptive stop commits every position "
-                     "of a block's last step")
+        lines = [f"colours: {NAMES[2]} (white) = committed at this step and the one before with the same "
+                 f"token; {NAMES[1]} (amber) = newly committed or changed at this step; {NAMES[0]} (grey) = "
+                 "not committed (renoised to a random token); the adaptive stop commits every position "
+                 "of a block's last step"]
         if trace.pinned_bits is not None:
             lines.append(f"{NAMES[3]} (blue) = held in place by a pin (it never changes)")
         if trace.constrained_bits is not None:
             lines.append(f"{NAMES[4]} (violet) = the constraint changed the token the step put there")
-    else:
-        cap = scale_cap(trace, scale)
-        anchors = ", ".join(f"{name} {_nats(anchor_nats(i, cap))}" for i, name in enumerate(RAMP_NAMES))
-        which = ("a fixed scale, the same for every run" if scale == "fixed" else
-                 "this run's own range (its highest entropy at the top), so runs do not compare")
-        lines.append(f"colours: entropy of the distribution the scheduler committed from (logits / T) on "
-                     f"{which}: 0..{_nats(cap)} nats{' (ln 262144)' if scale == 'fixed' else ''}, clipped above, "
-                     f"log-spaced as level = ln(1+H) / ln(1+{_nats(cap)}); colour at H nats: {anchors}")
-    return "\n".join(lines)
+        return lines
+    cap = scale_cap(trace, scale)
+    anchors = ", ".join(f"{name} {_nats(anchor_nats(i, cap))}" for i, name in enumerate(RAMP_NAMES))
+    which = ("a fixed scale, the same for every run" if scale == "fixed" else
+             "this run's own range (its highest entropy at the top), so runs do not compare")
+    return [f"colours: entropy of the distribution the scheduler committed from (logits / T) on "
+            f"{which}: 0..{_nats(cap)} nats{' (ln 262144)' if scale == 'fixed' else ''}, clipped above, "
+            f"log-spaced as level = ln(1+H) / ln(1+{_nats(cap)}); colour at H nats: {anchors}"]

@@ -3,7 +3,9 @@
 Every character takes one cell of the bundled monospace font (two for wide characters), so a
 glyph is rendered once per process and a frame is one gather of cached tiles. Text word-wraps;
 a run longer than a line breaks at a token boundary (else at the edge) instead of being clipped.
-Colour is each position's state (dgemma/states.py): settled bright, new amber, noise dim.
+Colour is each position's state (dgemma/states.py): settled bright, new amber, noise dim; a remote
+engine that sends no committed mask paints every position "unknown", and the legend says what its
+frames show instead.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import numpy as np
 
 from .caption import trace_captions
 from .fonts import BLANK, SUBSTITUTE, GlyphAtlas, default_atlas
-from .states import CONSTRAINED, NEW, NOISE, PALETTE, PINNED, SETTLED
+from .readings import why_unknown
+from .states import ALL_COLOURS, CONSTRAINED, NEW, NOISE, PINNED, SETTLED, UNKNOWN, UNKNOWN_NAME
 from .textlayout import TextLayout
 
 # Per-cell colour states: the position states, then the caption's own.
-CAPTION = len(PALETTE)
+CAPTION = len(ALL_COLOURS)
 BACKGROUND = (22, 24, 29)
-COLOURS = {**PALETTE, CAPTION: (150, 156, 170)}
+COLOURS = {**ALL_COLOURS, CAPTION: (150, 156, 170)}
 N_STATES = len(COLOURS)
 
 COLS = 94                 # 94 cells of 6 px + margins = 576 px wide
@@ -340,7 +343,9 @@ def render_frames(trace, token_strings: Sequence[str], legend: bool = True, dtyp
     r = renderer(trace.canvas_length)
     if not canvases:
         return np.zeros((0, *r.size(asked=asked is not None), 3), dtype)
-    if legend and trace.pinned_bits is not None:
+    if legend and why_unknown(trace, "committed"):  # no state is claimed: say what the frames are instead
+        legend = ((f" {UNKNOWN_NAME} ({trace.readings.canvas or 'text only'})", UNKNOWN),)
+    elif legend and trace.pinned_bits is not None:
         legend = LEGEND_PINNED
     if legend and trace.constrained_bits is not None:
         legend = (LEGEND if legend is True else legend) + ((" constrained", CONSTRAINED),)

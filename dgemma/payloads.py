@@ -7,6 +7,7 @@ from functools import cached_property
 
 from .errors import InputError
 from .knobs import Knobs
+from .readings import knob_not_sent
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,18 +65,19 @@ def check_model(dm) -> None:
 
 @dataclass(frozen=True)
 class CanvasState:
-    """The honesty readout of a run. `committed_fraction` reads the last step of the last block."""
+    """The honesty readout of a run. `committed_fraction` reads the last step of the last block. A reading
+    its engine did not send is None, and `readings` says why (readings.py)."""
 
     text: str
     raw_ids: tuple[int, ...]       # every generated id, thought channel included
     answer_ids: tuple[int, ...]    # ids of `text`: outside the channel, before the first EOS
     thought: str | None
     turn_closed: bool              # the model emitted EOS (not: the canvas ran out)
-    answer_tokens: int
+    answer_tokens: int | None
     stray_thought_delimiter: bool
-    converged: bool                # every block stopped adaptively or committed its whole canvas
-    committed_fraction: float
-    steps_used: int                # steps executed, all blocks together
+    converged: bool | None         # every block stopped adaptively or committed its whole canvas
+    committed_fraction: float | None
+    steps_used: int | None         # steps executed, all blocks together
     blocks: int
     run_id: str = field(default="", compare=False)  # the same id as the run's trace and config
     paused: bool = False           # an advanced run stopped at its end_step with a block unfinished
@@ -86,14 +88,15 @@ class CanvasState:
     resume: object = field(default=None, compare=False, repr=False)
     # A constrained run's verdict: kind, text, sha256, satisfied, reason (why not), changed_positions.
     constraint: dict | None = None
+    readings: object = None        # readings.Readings of a remote engine that sends less; None: all exact
 
     @property
     def finished_honestly(self) -> bool:
         """The turn closed with a non-empty answer that holds every pin, fills every blank and satisfies
         the constraint, when there is one."""
         satisfied = self.constraint is None or self.constraint["satisfied"]
-        return (self.turn_closed and self.answer_tokens > 0 and not self.pins_skipped and not self.blanks_unfilled
-                and satisfied)
+        answered = bool(self.text.strip()) if self.answer_tokens is None else self.answer_tokens > 0
+        return self.turn_closed and answered and not self.pins_skipped and not self.blanks_unfilled and satisfied
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -105,21 +108,27 @@ class CanvasState:
         if self.blanks_unfilled:
             out.append(f"{len(self.blanks_unfilled)} blank position(s) left unfilled ({_span(self.blanks_unfilled)}):"
                        " the answer ended there or the model put padding/end tokens in them")
-        return tuple(out)
+        return tuple(out) + (self.readings.warnings if self.readings is not None else ())
 
     def asdict(self) -> dict:
         """The readout as plain values; the resume data is never part of it."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "resume"}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("resume", "readings")}
+        if self.readings is not None:
+            values["readings"] = self.readings.asdict()
         return {**values, "finished_honestly": self.finished_honestly, "warnings": list(self.warnings)}
 
     def __str__(self) -> str:
         """What a text preview shows: the answer and the readings that qualify it."""
         closed = "turn closed by EOS" if self.turn_closed else "turn NOT closed: the canvas ran out"
-        lines = [f"answer: {_quote(self.text)} ({self.answer_tokens} tokens, {closed})",
+        tokens = "answer tokens unknown" if self.answer_tokens is None else f"{self.answer_tokens} tokens"
+        committed = "unknown" if self.committed_fraction is None else f"{self.committed_fraction:.0%}"
+        lines = [f"answer: {_quote(self.text)} ({tokens}, {closed})",
                  f"finished honestly: {_yes(self.finished_honestly)} · converged: {_yes(self.converged)} · "
-                 f"committed at the last step: {self.committed_fraction:.0%}",
-                 f"{self.steps_used} steps in {self.blocks} block(s)",
+                 f"committed at the last step: {committed}",
+                 f"{'unknown' if self.steps_used is None else self.steps_used} steps in {self.blocks} block(s)",
                  f"thought: {_quote(self.thought) if self.thought is not None else 'none'}"]
+        if self.readings is not None:
+            lines += self.readings.lines()
         if self.constraint is not None:
             c = self.constraint
             verdict = "satisfied" if c["satisfied"] else f"NOT satisfied: {c['reason']}"
@@ -142,6 +151,7 @@ class RunConfig:
     image: dict | None = field(default=None)    # the turn's images: count, sizes, content hash (no pixels)
     advanced: dict | None = field(default=None)  # scheduler and its knobs, window, pins, the run resumed
     constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
+    readings: object = None  # readings.Readings: the knobs a remote engine was sent and those it fixes itself
 
     def __str__(self) -> str:
         k = self.knobs
@@ -153,19 +163,30 @@ class RunConfig:
             f"{_quote(a['pins']) if a['pins'] else 'none'}"
             + (f" · resumed at block {a['resumed_from']['block'] + 1} step {a['resumed_from']['step']}"
                if a["resumed_from"] and a["resumed_from"]["step"] is not None else "")]
+        knobs = (f"seed {k.seed} · {k.num_inference_steps} steps · T {k.t_max:g} → {k.t_min:g} · entropy_bound "
+                 f"{k.entropy_bound:g} · confidence {k.confidence:g} · gen_length {k.gen_length} · thinking "
+                 f"{'on' if k.thinking else 'off'}")
+        if self.readings is not None:
+            knobs = self._sent_knobs()
         return "\n".join([
-            f"prompt: {_quote(self.prompt)}",
-            f"seed {k.seed} · {k.num_inference_steps} steps · T {k.t_max:g} → {k.t_min:g} · entropy_bound "
-            f"{k.entropy_bound:g} · confidence {k.confidence:g} · gen_length {k.gen_length} · thinking "
-            f"{'on' if k.thinking else 'off'}",
+            f"prompt: {_quote(self.prompt)}", knobs,
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
             f"context: {context}{images}", *extra])
 
+    def _sent_knobs(self) -> str:
+        """A remote engine's knobs: those sent (and how), then those it never got or ignored, and why."""
+        r, values = self.readings, self.knobs.asdict()
+        sent = " · ".join(f"{name} {values[name]} (as {how})" for name, how in r.knobs_sent.items())
+        other = "; ".join(f"{name} {values[name]}: {why}" for name, why in r.knobs_not_sent.items())
+        return f"sent to the engine: {sent or 'none'}\nasked but not the run's setting: {other or 'none'}"
+
     def asdict(self) -> dict:
-        return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
-                "quant": self.quant, "device": self.device, "dtype": self.dtype,
-                "context": self.context, "image": self.image, "advanced": self.advanced,
-                "constraint": self.constraint, "run_id": self.run_id}
+        knobs = {name: None if knob_not_sent(self, name) else v for name, v in self.knobs.asdict().items()}
+        out = {"prompt": self.prompt, **knobs, "model_source": self.model_source,
+               "quant": self.quant, "device": self.device, "dtype": self.dtype,
+               "context": self.context, "image": self.image, "advanced": self.advanced,
+               "constraint": self.constraint, "run_id": self.run_id}
+        return out if self.readings is None else {**out, "readings": self.readings.asdict()}
 
 
 def _quote(text: str, limit: int = 200) -> str:
@@ -177,5 +198,5 @@ def _span(positions) -> str:
     return f"{positions[0]}" if len(positions) == 1 else f"{positions[0]}..{positions[-1]}"
 
 
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
+def _yes(flag: bool | None) -> str:
+    return "unknown" if flag is None else "yes" if flag else "no"

@@ -3,7 +3,8 @@
 noise: not committed after this step (the scheduler renoised it); new: committed now, but not
 committed with the same token at the block's previous step; settled: committed now and at the
 previous step with the same token; pinned: held in place by a pin (it never changes); constrained:
-the constraint changed it from the token the step itself put there. Events,
+the constraint changed it from the token the step itself put there; unknown: the engine did not say
+(a text-only stream carries no committed mask), so no state is claimed. Events,
 frame images, heatmaps and run-log replays all read `position_states`, so the live view and the GIF never disagree.
 """
 
@@ -15,6 +16,9 @@ NOISE, NEW, SETTLED, PINNED, CONSTRAINED = 0, 1, 2, 3, 4
 NAMES = ("noise", "new", "settled", "pinned", "constrained")
 PALETTE = {NOISE: (96, 102, 118), NEW: (255, 190, 80), SETTLED: (232, 234, 238), PINNED: (110, 190, 255),
            CONSTRAINED: (200, 120, 255)}
+# Only a run whose engine sends no committed mask has it; local runs never name or paint it.
+UNKNOWN, UNKNOWN_NAME, UNKNOWN_COLOUR = 5, "unknown", (205, 130, 150)
+ALL_COLOURS = {**PALETTE, UNKNOWN: UNKNOWN_COLOUR}
 
 
 def position_states(ids: np.ndarray, committed: np.ndarray, blocks: np.ndarray,
@@ -35,6 +39,8 @@ def position_states(ids: np.ndarray, committed: np.ndarray, blocks: np.ndarray,
     return states
 
 
-def hex_palette() -> dict[str, str]:
-    """The palette as CSS colours by state name, for the browser."""
-    return {NAMES[s]: "#{:02x}{:02x}{:02x}".format(*rgb) for s, rgb in PALETTE.items()}
+def hex_palette(unknown: bool = False) -> dict[str, str]:
+    """The palette as CSS colours by state name, for the browser; `unknown` adds that state's colour."""
+    names = {**dict(enumerate(NAMES)), UNKNOWN: UNKNOWN_NAME}
+    colours = ALL_COLOURS if unknown else PALETTE
+    return {names[s]: "#{:02x}{:02x}{:02x}".format(*rgb) for s, rgb in colours.items()}

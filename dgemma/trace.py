@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .knobs import Knobs
-from .states import position_states
+from .readings import why_unknown
+from .states import UNKNOWN, position_states
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class CanvasTrace:
     knob_index: np.ndarray | None = None   # (S,) uint8 index into knob_sets of each step
     scheduler_settings: dict | None = None  # the scheduler's own config, when not the knobs' entropy bound
     constrained_bits: np.ndarray | None = None  # (S, ceil(L/8)) packed: changed by the constraint; None: no constraint
+    readings: object = None  # readings.Readings: what a remote engine did not send; None: every reading is exact
 
     def __len__(self) -> int:
         return int(self.steps.shape[0])
@@ -72,20 +74,28 @@ class CanvasTrace:
         """What a text preview shows: the size of the record and how the last step ended."""
         if not len(self):
             return "canvas trace: no steps"
-        per_block = self.steps_per_block
-        entropy = float(self.entropy[-1].astype(np.float32).mean())
-        return (f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
-                f"{self.canvas_length} positions · {self.scheduler_name}\n"
-                f"last step: {float(self.committed[-1].mean()):.0%} committed, mean entropy {entropy:.3f} nats\n"
-                f"{self.stop_readout()}\n"
-                "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer")
+        per_block = "?" if why_unknown(self, "steps") else self.steps_per_block
+        committed = "?" if why_unknown(self, "committed") else f"{float(self.committed[-1].mean()):.0%}"
+        entropy = ("unknown" if why_unknown(self, "entropy") else
+                   f"{float(self.entropy[-1].astype(np.float32).mean()):.3f} nats")
+        extra = [] if self.readings is None else self.readings.lines()
+        unit = "word pieces" if why_unknown(self, "ids") else "positions"  # a text-only engine's frames
+        return "\n".join([f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
+                           f"{self.canvas_length} {unit} · {self.scheduler_name}",
+                           f"last step: {committed} committed, mean entropy {entropy}", self.stop_readout(), *extra,
+                           "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer"])
 
     def stop_readout(self) -> str:
         """How many blocks the adaptive stop ended, and, when none, the scheduler's own word on why."""
         from .schedulers import REGISTRY
 
+        why = why_unknown(self, "stopped_early")
+        if why:
+            return f"adaptive stop: unknown ({why})"
         stopped = sum(self.block_stopped_early)
         line = f"adaptive stop: {stopped} of {len(self.block_stopped_early)} block(s) ended early"
+        if self.readings is not None:  # a remote engine's own step counts
+            return f"{line} (the engine's step counts)"
         rule = next((c.stop_rule for c in REGISTRY.values() if c.diffusers_name == self.scheduler_name), "")
         return f"{line} ({rule})" if not stopped and rule else line
 
@@ -137,7 +147,10 @@ class CanvasTrace:
         return None if self.constrained_bits is None else self._unpack(self.constrained_bits)
 
     def states(self) -> np.ndarray:
-        """(S, L) position states by the one rule of `states.position_states`."""
+        """(S, L) position states by the one rule of `states.position_states`; all unknown when the
+        engine sent no committed mask."""
+        if why_unknown(self, "committed"):
+            return np.full(self.ids.shape, UNKNOWN, np.uint8)
         return position_states(self.ids, self.committed, self.blocks, self.pinned, self.constrained)
 
     def t_and_temperature(self, i: int) -> tuple[float, float]:

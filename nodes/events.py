@@ -4,7 +4,9 @@ One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per
 `dgemma.done` at the end with status "done", "error" or "interrupted". A step carries the canvas
 as short per-position strings plus one state digit per position by the engine's one rule
 (dgemma/states.py): "0" noise, "1" new, "2" settled, "3" pinned, "4" constrained; the start event
-carries the palette and the states' names.
+carries the palette and the states' names. A remote engine that does not send a reading
+(dgemma/readings.py) gets null for it, "5" unknown for every state when it sends no committed mask
+(its start event adds that state, and the reasons), and a caption that says so.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dgemma.caption import Caption
-from ..dgemma.states import NAMES, hex_palette, position_states
+from ..dgemma.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, position_states
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
@@ -25,8 +27,9 @@ def _piece(text: str) -> str:
 
 
 def step_states(frame, previous) -> str:
-    """State digits of `frame`; `previous` is the step before in the same run, or None."""
-    rows = [frame] if previous is None else [previous, frame]
+    """State digits of `frame`; `previous` is the step before in the same run, or None (also when its canvas
+    has another width: a text-only engine's next chunk)."""
+    rows = [frame] if previous is None or previous.ids.shape != frame.ids.shape else [previous, frame]
     def masks(name):
         if getattr(frame, name) is None:
             return None
@@ -41,17 +44,22 @@ def step_states(frame, previous) -> str:
 class StepStream:
     """The events of one node's run, in order; feed it every frame the engine reports."""
 
-    def __init__(self, node: str, blocks: int, steps: int, canvas_length: int, token_strings):
+    def __init__(self, node: str, blocks: int | None, steps: int | None, canvas_length: int | None, token_strings,
+                 readings=None):
         self.node, self.blocks, self.steps, self.canvas_length = node, blocks, steps, canvas_length
-        self.token_strings = token_strings
+        self.token_strings, self.readings = token_strings, readings
+        self.unknown = dict(readings.unknown) if readings is not None else {}
         self.previous = None
         self.count = 0  # steps sent, all blocks together
 
     def start(self, resumed=None, asked: dict | None = None) -> dict:
         """The run's start; a resumed run (its `Recorded` steps) also carries where it resumes, so the
         view continues from it. `asked` (prompt, image thumbnail as base64 PNG) heads the view."""
-        event = {"node": self.node, "blocks": self.blocks, "steps": self.steps,
-                 "canvas_length": self.canvas_length, "palette": hex_palette(), "states": list(NAMES)}
+        states = list(NAMES) + ([UNKNOWN_NAME] if "committed" in self.unknown else [])
+        event = {"node": self.node, "blocks": self.blocks, "steps": self.steps, "canvas_length": self.canvas_length,
+                 "palette": hex_palette("committed" in self.unknown), "states": states}
+        if self.readings is not None:
+            event["unknown"] = {name: why[:MAX_TEXT] for name, why in self.unknown.items()}
         if asked is not None:
             event["asked"] = {"prompt": asked["prompt"][:MAX_TEXT], "thumbnail": asked.get("thumbnail")}
         if resumed is not None and resumed.rows:
@@ -65,14 +73,18 @@ class StepStream:
     def _pieces(self, ids) -> str:
         return "".join(_piece(self.token_strings[i]) for i in ids.tolist())
 
+    def _known(self, name: str, value: float) -> float | None:
+        return None if name in self.unknown else round(value, 6)
+
     def step(self, frame) -> dict:
+        state = (str(UNKNOWN) * len(frame.ids) if "committed" in self.unknown else step_states(frame, self.previous))
         event = {
             "node": self.node, "block": frame.block, "step": frame.step, "blocks": self.blocks,
-            "steps": self.steps, "t": round(frame.t, 6), "T": round(frame.temperature, 6),
-            "committed": round(frame.committed_fraction, 6),
-            "caption": Caption.live(frame, self.blocks, self.steps).text(),
+            "steps": self.steps, "t": self._known("t", frame.t), "T": self._known("T", frame.temperature),
+            "committed": self._known("committed", frame.committed_fraction),
+            "caption": Caption.live(frame, self.blocks, self.steps, self.readings).text(),
             "tokens": [_piece(self.token_strings[i]) for i in frame.ids.tolist()],
-            "state": step_states(frame, self.previous),
+            "state": state,
         }
         self.previous = frame
         self.count += 1
@@ -81,17 +93,18 @@ class StepStream:
     def progress_text(self, frame) -> str:
         """One step as the short text under the node: its caption, and the committed text so far (a
         position still noise is a dot)."""
-        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), frame.committed.tolist())]
+        shown = frame.committed.tolist() if "committed" not in self.unknown else [True] * len(frame.ids)
+        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), shown)]
         text = "".join(pieces).replace("\n", " ")
         if len(text) > MAX_PROGRESS_TEXT:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return f"{Caption.live(frame, self.blocks, self.steps).text()}\n{text}"
+        return f"{Caption.live(frame, self.blocks, self.steps, self.readings).text()}\n{text}"
 
-    def done_text(self, steps_used: int, text: str, paused: bool = False) -> str:
+    def done_text(self, steps_used: int | None, text: str, paused: bool = False) -> str:
         if paused:  # the canvas is unfinished: its text is still mostly noise
             return f"paused after {steps_used} steps · canvas_state resumes it in an Advanced sampler"
         answer = text if len(text) <= MAX_PROGRESS_TEXT else text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return f"done · {steps_used} steps\n{answer}"
+        return f"done · {'?' if steps_used is None else steps_used} steps\n{answer}"
 
     def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
         """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""
@@ -114,8 +127,9 @@ class BatchStream:
     otherwise resend every settled item with every step.
     """
 
-    def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int, token_strings):
-        self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings) for blocks, steps in rows]
+    def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int | None, token_strings, readings=None):
+        self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings, readings)
+                        for blocks, steps in rows]
         self.settled: dict[str, int] = {}
         self.fresh: dict[str, int] = {}  # settled since the last step event
 
@@ -159,13 +173,15 @@ class BatchStream:
         texts = " | ".join(r.text.replace("\n", " ") for r in results)
         if len(texts) > MAX_PROGRESS_TEXT:
             texts = texts[:MAX_PROGRESS_TEXT - 1] + "…"
-        return f"done · {self.items} items settled, {sum(r.state.steps_used for r in results)} steps\n{texts}"
+        steps = [r.state.steps_used for r in results]
+        return f"done · {self.items} items settled, {'?' if None in steps else sum(steps)} steps\n{texts}"
 
     def done(self, results) -> dict:
         ends = [s.done(r.state.steps_used, r.text, r.state.paused) for s, r in zip(self.streams, results)]
         if self.items == 1:
             return ends[0]
-        return {"node": ends[0]["node"], "status": "done", "steps_used": sum(e["steps_used"] for e in ends),
+        steps = [e["steps_used"] for e in ends]
+        return {"node": ends[0]["node"], "status": "done", "steps_used": None if None in steps else sum(steps),
                 "text": ends[0]["text"], "paused": any(e["paused"] for e in ends), "items": ends}
 
     def failed(self, error: BaseException) -> dict:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dgemma.backend import backend_of, constraint_options, run_items
+from ..dgemma.backend import backend_of, constraint_options, plan_of, readings_of, run_items
 from ..dgemma.errors import InputError
 from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
-from ..dgemma.loop import num_blocks
-from ..dgemma.schedulers import Scheduling
 from ..dgemma.tokens import frame_texts
 from ..dgemma.vision import thumbnail, to_uint8
 from . import host, memory
@@ -41,17 +39,18 @@ class LiveRun:
 
     def __init__(self, node_id, calls):
         model = calls[0].model
-        rows = [(num_blocks(c.knobs.gen_length, model.canvas_length),
-                 (c.advanced.scheduling if c.advanced is not None else Scheduling()).steps(c.knobs)) for c in calls]
-        self.model, self.rows = model, rows
+        rows = [plan_of(model, c.knobs, c.advanced) for c in calls]
+        # the bar's own bounds: a remote engine that fixes its steps itself is counted by the knob until it says
+        bar = [(blocks or 1, steps or c.knobs.num_inference_steps) for (blocks, steps), c in zip(rows, calls)]
+        self.model, self.rows = model, bar
         self.resumed = [c.advanced.resume.recorded if c.advanced is not None and c.advanced.resume is not None
                         else None for c in calls]
         self.asked = [(c.prompt, c.options["image"]) for c in calls]
-        self.total = sum(blocks * steps for blocks, steps in rows)
+        self.total = sum(blocks * steps for blocks, steps in bar)
         self.reached = [0] * len(calls)  # per item, and in all: steps of the bar reached
         self.done_steps = 0
         self.stream = BatchStream(str(node_id) if node_id is not None else "", rows, model.canvas_length,
-                                  model.token_strings)
+                                  model.token_strings, readings_of(model))
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
         self.live = host.live()
 
@@ -66,7 +65,7 @@ class LiveRun:
             split = getattr(self.model, "placement_note", "")  # a remote model has no local placement
             self.note.show(self.stream.progress_text(index, frame) + (f"\n{split}" if split else ""))
             host.send(STEP, self.stream.step(index, frame))
-        reached = frame.block * self.rows[index][1] + frame.step + 1
+        reached = min(frame.block * self.rows[index][1] + frame.step + 1, self.rows[index][0] * self.rows[index][1])
         self.done_steps += reached - self.reached[index]
         self.reached[index] = reached
         self.bar.to(self.done_steps)

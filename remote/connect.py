@@ -8,17 +8,38 @@ from .http import Remote, RemoteError, RemoteRefusal
 from .model import RemoteModel
 from .pack import PackBackend
 from .text import FramesBackend, VllmBackend, text_model
+from .textstream import CANVAS_MAX, whole
 
 DIALECTS = ("pack", "diffusion_frame", "vllm")
+DIFFUSION_NAMES = ("diffusiongemma", "diffusion-gemma", "diffusion_gemma")
 
 
-def dialect_of(card: dict) -> str:
-    """This pack's server describes itself; vLLM and SGLang sign their model cards; else the shim's frames."""
+def dialect_of(card: dict) -> str | None:
+    """This pack's server describes itself; vLLM and SGLang sign their model cards; Unsloth's shim signs its
+    own, or the card names DiffusionGemma. None: the card is no diffusion engine's."""
     if isinstance(card.get("dgemma"), dict):
         return "pack"
-    if str(card.get("owned_by", "")).lower() in ("vllm", "sglang"):
+    owner = str(card.get("owned_by", "")).lower()
+    if owner in ("vllm", "sglang"):
         return "vllm"
-    return "diffusion_frame"
+    names = f"{card.get('id', '')} {card.get('root', '')}".lower()
+    if owner == "unsloth" or "diffusion_canvas" in card or any(n in names for n in DIFFUSION_NAMES):
+        return "diffusion_frame"
+    return None
+
+
+def not_a_diffusion_engine(url: str, card: dict) -> RemoteError:
+    """The refusal of a plain OpenAI server, naming the card it showed."""
+    seen = f"{str(card.get('id', ''))[:80]!r} owned by {str(card.get('owned_by', ''))[:40]!r}"
+    return RemoteError(f"{url}/v1/models lists {seen}: no DiffusionGemma engine's card (no dgemma card, not vLLM or "
+                       "SGLang, not Unsloth's shim, no DiffusionGemma in its name), and a plain OpenAI server sends "
+                       "no denoising steps; serve the model with python -m serve, Unsloth's shim or vLLM")
+
+
+def card_canvas(url: str, card: dict) -> int | None:
+    """The canvas size a text dialect's card gives (range-checked); None when it gives none."""
+    value = card.get("diffusion_canvas", card.get("canvas_length"))
+    return None if value is None else whole(value, "the card's canvas size", 1, CANVAS_MAX, url)
 
 
 def connect(url: str, token_env: str = "", model_id: str = "") -> RemoteModel:
@@ -38,9 +59,11 @@ def connect(url: str, token_env: str = "", model_id: str = "") -> RemoteModel:
         raise RemoteError(f"{url}/v1/models lists no model{' named ' + repr(model_id) if model_id else ''}")
     card = cards[0]
     dialect = dialect_of(card)
+    if dialect is None:
+        raise not_a_diffusion_engine(url, card)
     if dialect != "pack":
         backend = VllmBackend(remote) if dialect == "vllm" else FramesBackend(remote)
-        return text_model(url, card, dialect, backend)
+        return text_model(url, card, dialect, backend, card_canvas(url, card))
     info = card["dgemma"]
     strings = tuple(remote.call("GET", "/v1/dgemma/tokens")["token_strings"])
     return RemoteModel(url=url, model_id=card["id"], dialect=dialect, canvas_length=int(info["canvas_length"]),

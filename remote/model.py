@@ -17,7 +17,7 @@ class RemoteModel:
     url: str
     model_id: str
     dialect: str
-    canvas_length: int
+    canvas_length: int | None  # None: a text dialect whose card gives no canvas size
     max_positions: int
     token_strings: object = field(repr=False)  # id -> display text, the server's own table
     source: str = ""

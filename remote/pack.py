@@ -76,10 +76,10 @@ class PackBackend:
             ext["context"] = context.handle
         if image is not None:
             ext["image"] = image_json(image)
-        if advanced is not None:
+        if advanced is not None:  # start_step goes as asked: auto (-1) is resolved by the server's own resume
             sched = advanced.scheduling
             ext["advanced"] = {"scheduler": {"name": sched.name, **dict(sched.settings)},
-                               "start_step": advanced.start, "end_step": advanced.end_step, "pins": advanced.pins,
+                               "start_step": advanced.start_step, "end_step": advanced.end_step, "pins": advanced.pins,
                                "resume": advanced.resume.handle if advanced.resume is not None else None}
         return {"model": model.model_id, "stream": True, "messages": [{"role": "user", "content": prompt}],
                 "dgemma": ext}

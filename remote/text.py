@@ -1,67 +1,53 @@
 """The two text dialects: the Unsloth shim's `diffusion_frame` steps, and vLLM's one chunk per canvas.
 
-Neither stream carries ids, committed masks or entropy. The live view paints the text each frame
-shows (split into word pieces kept in the model's own append-only table); the trace says what it
-cannot know: entropy is NaN, and the committed mask is all-false for shim steps (unknown) and
-all-true for a vLLM canvas (vLLM sends a canvas once it is committed).
+Neither stream carries token ids, entropy, or the schedule's t and T; the shim's frames are
+llama.cpp's argmax canvas as text (no committed mask), vLLM's one committed canvas each. Each
+backend declares what its stream leaves unknown and which knobs reach the engine (a
+`dgemma.readings.Readings` on the run's trace, state and config); the live view paints the text
+each frame shows, cut into word pieces whose ids index the model's own table (remote/textstream.py).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
-import re
-import threading
+import math
+import uuid
 
 import numpy as np
 
 from ..dgemma.errors import InputError
 from ..dgemma.loop import Cancelled
 from ..dgemma.payloads import CanvasState, RunConfig
+from ..dgemma.readings import Readings
 from ..dgemma.run import RunResult, check_turn
-from ..dgemma.trace import Recorder
 from ..dgemma.vision import check_image_tensor
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteModel
 from .pack import CHAT, refused
+from .textstream import CANVAS_MAX, SHIM_BLOCK, STEPS_MAX, PieceTable, TextStream, whole
 
-PIECE = re.compile(r"<\|?[a-z_]+\|?>|\s?[^\s<]{1,7}|\s|<")  # markup whole; words in pieces the view shows whole
-VLLM_PER_REQUEST = {"num_inference_steps": "diffusion_max_steps"}  # the knobs vLLM takes per request (vllm_xargs)
-FIXED_AT_LAUNCH = ("t_min", "t_max", "entropy_bound", "confidence")  # generation_config.json on the server
-
-
-class PieceTable:
-    """id -> display text for text-only streams; append-only, so an id once shown never changes."""
-
-    def __init__(self):
-        self._pieces, self._ids, self._lock = [""], {"": 0}, threading.Lock()
-
-    def __getitem__(self, i):
-        return self._pieces[i]
-
-    def __len__(self) -> int:
-        return len(self._pieces)
-
-    def ids(self, text: str, length: int) -> np.ndarray:
-        """`text` as `length` piece ids: word pieces in order, the overflow joined into the last."""
-        pieces = PIECE.findall(text)
-        if len(pieces) > length:
-            pieces = pieces[:length - 1] + ["".join(pieces[length - 1:])]
-        with self._lock:
-            for p in pieces:
-                if p not in self._ids:
-                    self._ids[p] = len(self._pieces)
-                    self._pieces.append(p)
-            out = [self._ids[p] for p in pieces]
-        return np.array(out + [0] * (length - len(out)), np.int32)
+# The shim reports an engine failure or an overlong conversation inside an ordinary answer.
+ERROR_MARKS = ("\n[engine error: ", "\n[This conversation needs")
+DELIMITERS = ("<|channel>", "<channel|>")
+SCHEDULE = ("num_inference_steps", "t_min", "t_max", "entropy_bound", "confidence")
+COMMON_UNKNOWN = {
+    "ids": "the stream carries text, not token ids: ids here number word pieces of that text",
+    "entropy": "the stream carries no entropy",
+    "t": "the engine's schedule is not streamed", "T": "the engine's schedule is not streamed",
+    "stop": "the stream does not say which positions the adaptive stop committed",
+}
 
 
-def text_model(url: str, card: dict, dialect: str, backend) -> RemoteModel:
-    return RemoteModel(url=url, model_id=str(card.get("id", "")), dialect=dialect,
-                       canvas_length=int(card.get("diffusion_canvas") or 256),
-                       max_positions=int(card.get("max_model_len") or 0), token_strings=PieceTable(),
-                       source=f"{url} ({card.get('id', '')})", quant="unknown", device="remote", dtype="unknown",
-                       vision=True, backend=backend)
+def text_model(url: str, card: dict, dialect: str, backend, canvas: int | None) -> RemoteModel:
+    """A text-dialect model; `canvas` is the card's canvas size, None when the card gives none."""
+    max_len = card.get("max_model_len")
+    return RemoteModel(url=url, model_id=str(card.get("id", ""))[:200], dialect=dialect, canvas_length=canvas,
+                       max_positions=whole(max_len, "max_model_len", 0, 10**8, url) if max_len else 0,
+                       token_strings=PieceTable(), source=f"{url} ({str(card.get('id', ''))[:200]})",
+                       quant="unknown", device="remote", dtype="unknown", vision=dialect == "vllm",
+                       backend=backend)
 
 
 def image_parts(image) -> list:
@@ -77,51 +63,25 @@ def image_parts(image) -> list:
     return parts
 
 
-class TextStream:
-    """Collects one text-dialect stream into rows, the answer, the thought and the server's numbers."""
-
-    def __init__(self, model, knobs, on_frame):
-        self.model, self.on_frame, self.last_block = model, on_frame, 0
-        self.recorder = Recorder(knobs, model.canvas_length, model.token_strings)
-        self.content, self.reasoning, self.finish, self.usage, self.timings = [], [], None, {}, {}
-
-    def frame(self, block: int, step: int, text: str, committed: bool) -> None:
-        import torch
-
-        L, self.last_block = self.model.canvas_length, block
-        ids = torch.from_numpy(self.model.token_strings.ids(text, L))[None]
-        mask = torch.full((1, L), committed)
-        frame = self.recorder.add(block, step, ids, mask, torch.zeros((1, L), dtype=torch.bool),
-                                  torch.full((1, L), float("nan")))
-        if self.on_frame is not None:
-            self.on_frame(frame)
-
-    def take(self, chunk: dict) -> str:
-        """Record the chunk's deltas and numbers; returns the new content it carried."""
-        if "error" in chunk:
-            raise RemoteError(f"{self.model.url} stopped the run: {chunk['error']}")
-        self.usage = chunk.get("usage") or self.usage
-        self.timings = chunk.get("timings") or self.timings
-        new = ""
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if thought:
-                self.reasoning.append(thought)
-            if delta.get("content"):
-                new += delta["content"]
-            self.finish = choice.get("finish_reason") or self.finish
-        self.content.append(new)
-        return new
-
-
 class TextBackend:
     """What both text dialects share: the request, the refusals, and the result they can honestly give."""
 
     dialect = "text"
+    committed = False          # a frame's text is a committed canvas (vLLM), or says nothing of it
+    canvas = ""                # what a frame shows, for captions and legends
+    unknown: dict = {}         # readings the stream never carries, and why
+    sent: dict = {}            # knob -> how it goes on the wire
+    not_sent: dict = {}        # knob -> why it is not the run's setting
 
     def __init__(self, remote):
         self.remote = remote
+
+    @property
+    def readings(self) -> Readings:
+        """What the stream leaves unknown, declared before a run (the live view reads it)."""
+        url = self.remote.url if self.remote is not None else "?"
+        return Readings(f"{self.dialect} engine at {url}", {**COMMON_UNKNOWN, **self.unknown}, self.canvas,
+                        dict(self.sent), dict(self.not_sent))
 
     def check(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
         check_turn(prompt, knobs)
@@ -132,6 +92,9 @@ class TextBackend:
                                         "unwired, or serve the model with this pack's server (python -m serve)")
         if image is not None:
             check_image_tensor("image", image)
+            if not model.vision:
+                raise InputError("image", f"{model} takes no pictures (the shim sends llama.cpp text only); leave "
+                                          "image unwired, or serve the model with vLLM or python -m serve")
         if advanced is not None:
             raise InputError("advanced", f"{model} speaks {self.dialect}: windows, pins and resuming need this "
                                          "pack's server (python -m serve); use DGemmaSampler")
@@ -146,78 +109,168 @@ class TextBackend:
                 "seed": knobs.seed, "max_tokens": knobs.gen_length,
                 "chat_template_kwargs": {"enable_thinking": knobs.thinking}}
 
+    def plan(self, model, knobs) -> tuple:
+        """(blocks, steps per block) the live view announces; None where only the engine knows."""
+        return (math.ceil(knobs.gen_length / model.canvas_length) if model.canvas_length else None), None
+
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
             advance_context=False, advanced=None) -> RunResult:
         self.check(model, prompt, knobs, context, image, advanced)
-        stream = TextStream(model, knobs, on_frame)
+        stream = TextStream(model, knobs, on_frame, self.most_blocks(knobs), self.committed)
         try:
             for chunk in self.remote.stream(CHAT, self.body(model, prompt, knobs, image), should_cancel):
                 self.take(stream, chunk)
         except Interrupted:
-            raise Cancelled(len(stream.recorder)) from None
+            raise Cancelled(len(stream.frames)) from None
         except RemoteRefusal as err:
             raise refused(err) from None
         return self.result(model, prompt, knobs, stream)
 
+    def most_blocks(self, knobs) -> int:
+        raise NotImplementedError
+
     def take(self, stream: TextStream, chunk: dict) -> None:
         raise NotImplementedError
 
-    def settings(self, knobs) -> dict:
-        return {"dialect": self.dialect, "unknown": ["entropy", "token ids"]}
+    def wire(self, knobs) -> dict:
+        """The knobs under their wire names (the first word of `sent`): the trace's scheduler config."""
+        return {how.split(" ")[0]: getattr(knobs, name) for name, how in self.sent.items()}
+
+    def finish(self, stream: TextStream, trace) -> tuple[dict, dict, dict]:
+        """(state values, unknown readings, the engine's numbers) this dialect can honestly give."""
+        raise NotImplementedError
 
     def result(self, model, prompt, knobs, stream: TextStream) -> RunResult:
-        rec = stream.recorder
-        if not len(rec):  # a server that sent no frame at all: the answer is still one canvas of text
-            stream.frame(0, 0, "".join(stream.content), True)
-        for _ in range(stream.last_block + 1 - len(rec.stopped_early)):
-            rec.end_block(False)
-        trace = rec.finish(scheduler=(f"remote {self.dialect}", self.settings(knobs)))
+        recorder = stream.recorder({name: getattr(knobs, name) for name in self.sent})
+        trace = recorder.finish(run_id=uuid.uuid4().hex, scheduler=(f"remote {self.dialect}", self.wire(knobs)))
+        values, unknown, reported = self.finish(stream, trace)
+        reported = {**reported, "usage": stream.usage, "timings": stream.timings}
+        stopped = reported.get("stopped_early") or [False] * trace.num_blocks  # else unknown, and said so
+        trace = dataclasses.replace(trace, block_stopped_early=tuple(stopped))
+        declared = self.readings
+        readings = dataclasses.replace(declared, unknown={**declared.unknown, **unknown}, reported=reported,
+                                       warnings=self.warnings(knobs, stream))
         text = "".join(stream.content).strip()
-        state = CanvasState(text=text, raw_ids=tuple(trace.ids[-1].tolist()), answer_ids=(),
-                            thought="".join(stream.reasoning) or None, turn_closed=stream.finish == "stop",
-                            answer_tokens=int(stream.usage.get("completion_tokens") or
-                                              stream.timings.get("predicted_n") or 0),
-                            stray_thought_delimiter=False, converged=False,
-                            committed_fraction=float(trace.committed[-1].mean()), steps_used=len(trace),
-                            blocks=trace.num_blocks, run_id=trace.run_id)
-        config = RunConfig(prompt=prompt, knobs=knobs, **model.describe(), run_id=trace.run_id)
+        trace = dataclasses.replace(trace, readings=readings)
+        state = CanvasState(text=text, raw_ids=(), answer_ids=(), thought="".join(stream.reasoning) or None,
+                            turn_closed=stream.finish == "stop", answer_tokens=None,
+                            stray_thought_delimiter=any(d in text for d in DELIMITERS), blocks=trace.num_blocks,
+                            run_id=trace.run_id, readings=readings, **values)
+        config = RunConfig(prompt=prompt, knobs=knobs, **model.describe(), run_id=trace.run_id, readings=readings)
         return RunResult(text, state, trace, config, None)
+
+    def warnings(self, knobs, stream) -> tuple:
+        return ()
+
+
+def _completion(stream) -> str:
+    n = stream.usage.get("completion_tokens")
+    return f"the engine's completion_tokens ({n}) counts the thought too" if n is not None else (
+        "the engine does not count the answer's tokens")
 
 
 class FramesBackend(TextBackend):
     """llama.cpp's visual server through the Unsloth shim: one `diffusion_frame` text per step."""
 
-    dialect = "diffusion_frame"
+    dialect, committed, canvas = "diffusion_frame", False, "argmax canvas"
+    unknown = {"committed": "llama.cpp sends each step's argmax canvas as text (special tokens dropped), with no "
+                            "committed mask: a frame is not the working canvas"}
+    sent = {"seed": "seed", "gen_length": f"max_tokens (the shim runs ceil(max_tokens / {SHIM_BLOCK}) blocks)"}
+    not_sent = {**{name: "the shim does not forward it: the engine's GGUF fixes it" for name in SCHEDULE},
+                "thinking": "sent as chat_template_kwargs.enable_thinking, but the shim drops it: llama.cpp's "
+                            "template thinks by default"}
+
+    def plan(self, model, knobs) -> tuple:
+        return self.most_blocks(knobs), None
+
+    def most_blocks(self, knobs) -> int:
+        return math.ceil(knobs.gen_length / SHIM_BLOCK)
 
     def take(self, stream, chunk) -> None:
-        if chunk.get("type") == "diffusion_frame":
-            stream.frame(int(chunk.get("block", 0)), int(chunk.get("step", 0)), str(chunk.get("text", "")), False)
-        else:
-            stream.take(chunk)
+        if not isinstance(chunk, dict) or chunk.get("type") != "diffusion_frame":
+            new = stream.take(chunk)
+            if new.startswith(ERROR_MARKS):  # the shim's in-band error channel: never an answer
+                raise RemoteError(f"the diffusion_frame engine at {self.remote.url} answered with an error: "
+                                  f"{new.strip()[:300]}")
+            return
+        total = whole(chunk.get("total"), "a frame's total", 1, STEPS_MAX, self.remote.url)
+        if stream.budget is not None and total != stream.budget:
+            raise RemoteError(f"{self.remote.url} changed a frame's total from {stream.budget} to {total}")
+        stream.budget = total
+        text = chunk.get("text", "")
+        if not isinstance(text, str):
+            raise RemoteError(f"{self.remote.url} sent a frame's text as {type(text).__name__}")
+        block = whole(chunk.get("block", 0), "a frame's block", 0, stream.blocks_max - 1, self.remote.url)
+        stream.frame(block, whole(chunk.get("step", 0), "a frame's step", 0, total - 1, self.remote.url), text)
 
-    def settings(self, knobs) -> dict:
-        return {**super().settings(knobs), "unknown": ["entropy", "token ids", "committed mask"],
-                "sent": {"seed": knobs.seed, "max_tokens": knobs.gen_length}}
+    def finish(self, stream, trace):
+        if not stream.frames:
+            said = "".join(stream.content)
+            raise RemoteError(f"{self.remote.url} sent a plain chat stream ({len(said)} characters of answer, no "
+                              "diffusion_frame chunk): it is not a DiffusionGemma diffusion engine; serve the model "
+                              "with Unsloth's shim, vLLM or this pack's server (python -m serve)")
+        early = [n < stream.budget for n in trace.steps_per_block]  # one frame per step: the engine's counts
+        unknown = {"answer_tokens": _completion(stream)}
+        if not all(early):
+            unknown["converged"] = "a block ran all its steps, and the engine sends no committed mask"
+        steps = stream.timings.get("diffusion_steps", len(trace))
+        steps = whole(steps, "timings.diffusion_steps", 0, stream.blocks_max * stream.budget, self.remote.url)
+        if steps != len(trace):  # frames were not one per step: per-block counts and stops are not known
+            why = f"the engine ran {steps} steps but sent {len(trace)} frames"
+            unknown.update(steps=why, stopped_early=why, converged=why)
+        canvas = self._canvas(stream, trace, unknown)
+        reported = {"steps_per_block": stream.budget, "stopped_early": early, "canvas_length": canvas}
+        converged = True if all(early) and "converged" not in unknown else None
+        values = {"converged": converged, "committed_fraction": None, "steps_used": steps}
+        return values, unknown, reported
+
+    def _canvas(self, stream, trace, unknown: dict) -> int | None:
+        canvas = stream.model.canvas_length
+        if stream.timings.get("diffusion_canvas") is not None:
+            canvas = whole(stream.timings["diffusion_canvas"], "timings.diffusion_canvas", 1, CANVAS_MAX,
+                           self.remote.url)
+        if canvas is None:
+            unknown["canvas_length"] = (f"neither the card nor the stream gives it; frames are shown "
+                                        f"{trace.canvas_length} word pieces wide, inferred from the frames (not a "
+                                        "token count)")
+        return canvas
+
+    def warnings(self, knobs, stream) -> tuple:
+        if knobs.thinking:
+            return ()
+        got = " (and the answer came with a thought)" if stream.reasoning else ""
+        return (f"thinking off was asked, but the shim drops it: llama.cpp's template thinks by default{got}",)
 
 
 class VllmBackend(TextBackend):
     """vLLM (and SGLang): one chunk per committed canvas; per-request knobs go in `vllm_xargs`."""
 
-    dialect = "vllm"
+    dialect, committed, canvas = "vllm", True, "canvas text"
+    unknown = {"stopped_early": "vLLM streams one chunk per committed canvas, not its steps",
+               "steps": "vLLM streams one chunk per committed canvas, not its steps",
+               "converged": "vLLM reports no steps or stops",
+               "answer_tokens": "vLLM's completion_tokens counts the thought and whole canvases"}
+    sent = {"seed": "seed", "gen_length": "max_tokens",
+            "num_inference_steps": "vllm_xargs.diffusion_max_steps (an upper bound)",
+            "thinking": "chat_template_kwargs.enable_thinking"}
+    not_sent = {name: "fixed at vLLM's launch (its generation_config.json)"
+                for name in ("t_min", "t_max", "entropy_bound", "confidence")}
 
     def body(self, model, prompt, knobs, image) -> dict:
-        xargs = {wire: getattr(knobs, name) for name, wire in VLLM_PER_REQUEST.items()}
-        return {**super().body(model, prompt, knobs, image), "vllm_xargs": xargs,
+        return {**super().body(model, prompt, knobs, image),
+                "vllm_xargs": {"diffusion_max_steps": knobs.num_inference_steps},
                 "stream_options": {"include_usage": True}}
+
+    def most_blocks(self, knobs) -> int:
+        return 2 * max(knobs.gen_length, SHIM_BLOCK)  # a chunk per canvas; counted generously, as tokens
 
     def take(self, stream, chunk) -> None:
         new = stream.take(chunk)
         if new:
-            blocks = len(stream.recorder)
-            stream.frame(blocks, 0, new, True)
-            stream.recorder.end_block(False)
+            stream.frame(len(stream.frames), 0, new)
 
-    def settings(self, knobs) -> dict:
-        return {**super().settings(knobs), "sent": {"seed": knobs.seed, "max_tokens": knobs.gen_length,
-                                                    **{w: getattr(knobs, n) for n, w in VLLM_PER_REQUEST.items()}},
-                "fixed_at_launch": {name: "the server's generation_config.json" for name in FIXED_AT_LAUNCH}}
+    def finish(self, stream, trace):
+        unknown = {} if stream.model.canvas_length else {
+            "canvas_length": "vLLM's card gives no canvas size, and its chunks are text"}
+        values = {"converged": None, "committed_fraction": 1.0 if len(trace) else None, "steps_used": None}
+        return values, unknown, {"canvas_length": stream.model.canvas_length}

@@ -94,7 +94,7 @@ def test_diffusion_frame_dialect_paints_every_step_and_invents_nothing():
     assert steps[-1]["tokens"][:4] == ["<|chann…", "thought", "\n3+4=7", "<channe…"]
     assert frames[3] == "<|channel>thought\n3+4=7<channel|>seven<turn|>"
     assert np.isnan(trace.entropy.astype(np.float32)).all() and not trace.committed.any()
-    assert set(trace.scheduler_config["unknown"]) == {"entropy", "token ids", "committed mask"}
+    assert {"entropy", "ids", "committed", "t", "T"} <= set(trace.readings.unknown)
     assert bodies[0]["seed"] == KNOBS["seed"] and bodies[0]["max_tokens"] == KNOBS["gen_length"]
     for mode in ("commit", "entropy"):  # the heatmap reads a text-only trace (unknown entropy is NaN)
         (image, summary), _ = call(NODE_CLASS_MAPPINGS["DGemmaTrace"], canvas_trace=trace, mode=mode, cell_px=2)
@@ -113,11 +113,12 @@ def test_vllm_dialect_one_frame_per_canvas_knobs_in_vllm_xargs():
                  start_step=0, end_step=1024, pins="", **KNOBS)
     assert text == "seven, and the next canvas says so." and state.thought == "3+4=7"
     assert len(steps) == len(trace) == 2 and list(trace.blocks) == [0, 1] and trace.committed.all()
-    assert state.answer_tokens == 64 and np.isnan(trace.entropy.astype(np.float32)).all()
+    assert state.answer_tokens is None and "answer_tokens" in state.readings.unknown  # usage counts the thought
+    assert np.isnan(trace.entropy.astype(np.float32)).all()
     body = bodies[0]
     assert body["vllm_xargs"] == {"diffusion_max_steps": KNOBS["num_inference_steps"]}
     assert "response_format" not in body and body["stream_options"] == {"include_usage": True}
-    fixed = trace.scheduler_config["fixed_at_launch"]
+    fixed = config.readings.knobs_not_sent
     assert set(fixed) == {"t_min", "t_max", "entropy_bound", "confidence"}
 
 

@@ -81,7 +81,7 @@ def main() -> int:
         frames = []
         result = model.backend.run(model, PROMPT, Knobs(thinking=True), on_frame=frames.append)
         print(f"text={result.text!r} thought={result.state.thought!r} frames={len(frames)} "
-              f"fixed_at_launch={sorted(result.trace.scheduler_config.get('fixed_at_launch', {}))}")
+              f"not_sent={sorted(result.config.readings.knobs_not_sent)}")
         record(url, model)
     finally:
         if server is not None:

@@ -31,6 +31,7 @@ const CSS = `
   white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-all; }
 .dgemma-view .dg-prev { color: #c9ced6; }
 .dgemma-view .dg-noise { color: var(--dg-noise); }
+.dgemma-view .dg-unknown { color: var(--dg-unknown); }
 .dgemma-view .dg-settled { color: var(--dg-settled); }
 .dgemma-view .dg-pinned { color: var(--dg-pinned); text-decoration: underline dotted; }
 .dgemma-view .dg-constrained { color: var(--dg-constrained); text-decoration: underline wavy; }
@@ -64,6 +65,11 @@ const unschedule = typeof cancelAnimationFrame === "function"
 
 function num(x, digits) {
   return typeof x === "number" && isFinite(x) ? x.toFixed(digits) : "?";
+}
+
+// A committed share the engine did not send (null) reads "?", never 0.
+function pct(x) {
+  return typeof x === "number" ? `${num(x * 100, 0)}%` : "?";
 }
 
 function joinTokens(tokens) {
@@ -207,12 +213,12 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     const status = doneEv?.status ?? (doneEv ? "done" : null);
     if (status === "done" && doneEv.paused) {
       // The committed share first: a narrow node cuts the end of the line.
-      setHeader(`paused · committed ${num((last.committed ?? 0) * 100, 0)}% · block ${last.block + 1} step `
+      setHeader(`paused · committed ${pct(last.committed)} · block ${last.block + 1} step `
         + `${last.step + 1} · resumable canvas_state`);
       return;
     }
     if (status === "done") {
-      setHeader(`done, ${doneEv.steps_used ?? "?"} steps · committed ${num((last.committed ?? 0) * 100, 0)}%`);
+      setHeader(`done, ${doneEv.steps_used ?? "?"} steps · committed ${pct(last.committed)}`);
       return;
     }
     if (status === "interrupted") {
@@ -220,7 +226,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
       return;
     }
     if (label) {  // a row of a list run: the committed share first, as a narrow node cuts the line's end
-      setHeader(`committed ${num((last.committed ?? 0) * 100, 0)}% · block ${last.block + 1}/${blocks ?? "?"} · `
+      setHeader(`committed ${pct(last.committed)} · block ${last.block + 1}/${blocks ?? "?"} · `
         + `step ${last.step + 1}/${steps ?? "?"}`);
       return;
     }

@@ -293,6 +293,29 @@ try {
     assertEq(r.colour, "rgb(200, 120, 255)", "the constrained colour from the start event");
   });
 
+  await check("a remote engine's unknown readings: its own state colour, and '?' for the committed share", async () => {
+    const r = await page.evaluate(async () => {
+      const aux = createCanvasView(document.getElementById("aux"));
+      aux.start({ node: "x", blocks: 1, steps: null, canvas_length: null, states: ["noise", "new", "settled", "pinned",
+        "constrained", "unknown"], palette: { unknown: "#cd8296" } });
+      aux.step({ node: "x", block: 0, step: 17, blocks: 1, steps: null, t: null, T: null, committed: null,
+        caption: "block 1/≤1  step 18/≤?  T ?  committed ?  argmax canvas", tokens: ["seven", "<turn|>"], state: "55" });
+      await frames2();
+      const live = aux.element.querySelector(".dg-header").textContent;
+      aux.done({ node: "x", status: "done", steps_used: 18, text: "seven", paused: false });
+      await frames2();
+      const spans = [...aux.element.querySelectorAll(".dg-canvas > span")];
+      const out = { live, done: aux.element.querySelector(".dg-header").textContent,
+        classes: spans.map((s) => s.className), colour: getComputedStyle(spans[0]).color };
+      aux.destroy();
+      return out;
+    });
+    assertEq(r.live, "block 1/≤1  step 18/≤?  T ?  committed ?  argmax canvas", "the caption says what is unknown");
+    assertEq(r.done, "done, 18 steps · committed ?", "an unknown committed share is never 0%");
+    assertEq(r.classes.join(" "), "dg-unknown dg-unknown", "classes by state name");
+    assertEq(r.colour, "rgb(205, 130, 150)", "the unknown colour from the start event");
+  });
+
   await check("the view says what was asked: the prompt, the image's thumbnail, never a foreign URL", async () => {
     const red = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
     const r = await page.evaluate(async ({ red }) => {
