@@ -39,6 +39,9 @@ def token_of(token_env: str) -> str:
         raise InputError("token_env", f"token_env {short(token_env)} is not a variable this loader may read: "
                                       f"{TOKEN_RULE}. Put the token in DGEMMA_REMOTE_TOKEN, say, and name that")
     token = os.environ.get(token_env, "")
+    if token and not (token.isascii() and token.isprintable() and " " not in token):
+        raise InputError("token_env", f"the token in {token_env} has characters an HTTP header cannot carry "
+                                      "(spaces, control or non-ASCII characters); use a random ASCII token")
     if token and len(token) < MIN_TOKEN:
         raise InputError("token_env", f"the token in {token_env} has {len(token)} characters; use a random one of "
                                       f"at least {MIN_TOKEN} (python -c \"import secrets; "

@@ -83,16 +83,18 @@ class Remote:
         try:
             response = _on_helper(send, conn, stop, should_cancel)
         except (OSError, http.client.HTTPException) as err:
-            conn.close()
+            _close(conn)
             raise RemoteError(self.redact(f"cannot reach {self.url}{path}: {err}")) from None
-        if 300 <= response.status < 400:
-            where = response.getheader("Location", "nowhere")
-            conn.close()
-            raise self.error(path, f"answered {response.status}, redirecting to {where}; give the final URL")
-        if response.status >= 400:
-            text = self._read(conn, response, path, should_cancel, ERROR_LIMIT, cut=True)
-            conn.close()
-            raise _refusal(self.url + path, response.status, text)  # the token is hidden already
+        try:
+            if 300 <= response.status < 400:
+                where = response.getheader("Location", "nowhere")
+                raise self.error(path, f"answered {response.status}, redirecting to {where}; give the final URL")
+            if response.status >= 400:
+                text = self._read(conn, response, path, should_cancel, ERROR_LIMIT, cut=True)
+                raise _refusal(self.url + path, response.status, text)  # the token is hidden already
+        except BaseException:
+            _close(conn)
+            raise
         return conn, response
 
     def _read(self, conn, response, path, should_cancel, limit: int, cut: bool = False) -> str:

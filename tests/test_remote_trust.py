@@ -49,9 +49,11 @@ def test_a_variable_the_user_lists_may_be_read_and_goes_as_the_bearer_token(monk
     with serving(pack_answer(rec["models"], rec["tokens"], rec["events"])) as (url, seen):
         (model, dialect), _ = call(Loader, url=url, token_env="MY_TOKEN")
     assert dialect == "pack" and {h["Authorization"] for _, _, h, _ in seen} == {f"Bearer {SECRET}"}
-    monkeypatch.setenv("MY_TOKEN", "short")
-    with pytest.raises(InputError, match="at least 8"):
-        connect(url, "MY_TOKEN")
+    for bad, said in (("short", "at least 8"), ("t\u00f6ken-with-umlaut", "header cannot carry"),
+                      ("two words here", "header cannot carry")):
+        monkeypatch.setenv("MY_TOKEN", bad)
+        with pytest.raises(InputError, match=said):
+            connect(url, "MY_TOKEN")
 
 
 def test_a_token_never_crosses_plain_http_to_another_machine(monkeypatch):
