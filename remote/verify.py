@@ -100,19 +100,29 @@ def check_ids(state, rows, strings) -> None:
 
 def spells(said: str, ids, strings) -> bool:
     """Whether `said` can be what `ids` decode to (skipping special tokens, then stripped), read through
-    the server's own token table. The table cannot say which `<...>` tokens decoding skips, nor what
-    a run of byte tokens (shown as U+FFFD) joins into, so those are gaps of at most their length;
-    whitespace is compared collapsed. Everything else must be there, in order, and nothing more."""
-    runs, slack = [[]], 0
+    the server's own table. The table cannot say which `<...>` tokens decoding skips, so they are
+    removed from both sides, nor what a run of byte tokens (shown as U+FFFD) joins into, so each is a
+    gap of at most one character; whitespace is compared collapsed. Everything else must be there,
+    in order, and nothing more."""
+    specials = sorted({strings[i] for i in ids if _SPECIAL.fullmatch(strings[i])}, key=len, reverse=True)
+
+    def plain(text: str) -> str:
+        for s in specials:
+            text = text.replace(s, "")
+        return " ".join(text.split())
+
+    runs, slack, in_gap = [[]], 0, False
     for i in ids:
         s = strings[i]
-        if REPLACEMENT in s or _SPECIAL.fullmatch(s):
-            runs.append([])
-            slack += len(s) + 2
+        if REPLACEMENT in s or s in specials:
+            if not in_gap:  # a gap may also hold the spaces either side of it, stripped from its neighbours
+                runs.append([])
+                slack += 2
+            slack, in_gap = slack + (0 if s in specials else len(s)), True
         else:
             runs[-1].append(s)
-    words = [" ".join("".join(r).split()) for r in runs]
-    said = " ".join(said.split())
+            in_gap = False
+    words, said = [plain("".join(r)) for r in runs], plain(said)
     if len(words) == 1:
         return said == words[0]
     if len(said) > sum(map(len, words)) + slack or not said.startswith(words[0]) or not said.endswith(words[-1]):

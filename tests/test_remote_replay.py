@@ -133,3 +133,22 @@ def test_a_changed_card_is_refused(name, change, field):
             call(Loader, url=url)
     message = str(caught.value)
     assert url in message and field in message and len(message) < 600, message
+
+
+def test_a_text_is_checked_against_what_its_ids_decode_to_with_the_real_vocabulary():
+    from conftest import checkpoint
+    from transformers import AutoTokenizer
+
+    from diffusiongemma.dgemma.tokens import display_strings
+    from diffusiongemma.remote.verify import spells
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint("real-vocab")))
+    strings = display_strings(tok, 262144)
+    special = sorted(tok.all_special_ids)[5]
+    for text in ("The answer is seven.", "  naïve café, 日本 😀 \n x<table>y </td>", "3+4=7 is seven"):
+        plain = tok.encode(text, add_special_tokens=False)
+        for ids in (plain, plain[:2] + [special] + plain[2:]):  # a special token decoding skips
+            said = tok.decode(ids, skip_special_tokens=True).strip()
+            assert spells(said, ids, strings), (said, ids)
+            assert not spells("HACKED", ids, strings) and not spells(said + " HACKED", ids, strings)
+            assert not spells(said.replace("e", "a", 1), ids, strings)
