@@ -59,6 +59,10 @@ class Resume:
         return self.paused is None
 
     @property
+    def paused_step(self) -> int:
+        return self.paused.step if self.paused is not None else 0
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the tensors held for exact continuation (the cache not counted)."""
         held = [t for t in (self.ids, self.generator_state) if isinstance(t, torch.Tensor)]
@@ -74,8 +78,7 @@ def resolve_start(start_step, resume) -> int:
     """start_step with auto resolved: where the resumed run paused, else 0."""
     if start_step != AUTO:
         return start_step
-    at = resume.paused if isinstance(resume, Resume) else None
-    return at.step if at is not None else 0
+    return resume.paused_step if resume is not None else 0
 
 
 def check_window(start_step, end_step) -> None:

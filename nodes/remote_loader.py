@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from ..dgemma.preflight import short
 from ..remote.connect import connect
+from . import host
 from .schema import CATEGORY, MODEL
 
 URL_TOOLTIP = "Base URL of the server, e.g. http://127.0.0.1:8190 (no /v1)."
-TOKEN_TOOLTIP = ("Name of an environment variable (of the ComfyUI process) holding the server's bearer token; "
-                 "the token itself is never stored in the workflow or the run log. Empty: no token.")
+TOKEN_TOOLTIP = ("Name of an environment variable (of the ComfyUI process) holding the server's bearer token: "
+                 "one starting with DGEMMA_ (e.g. DGEMMA_REMOTE_TOKEN), or one listed in DGEMMA_REMOTE_TOKEN_VARS "
+                 "in ComfyUI's environment; any other name is refused. The token goes only over https, or plain "
+                 "http to this machine (DGEMMA_REMOTE_ALLOW_HTTP_TOKEN=1 allows other hosts), and never into the "
+                 "workflow, a message or the run log. Empty: no token.")
 MODEL_TOOLTIP = "The served model's id from /v1/models; empty takes the first one listed."
 
 
@@ -42,5 +46,5 @@ class DGemmaRemoteLoader:
         for name, value in (("url", url), ("token_env", token_env), ("model_id", model_id)):
             if not isinstance(value, str):
                 raise ValueError(f"RemoteLoader input {name} must be text, got {short(value)}")
-        model = connect(url.strip(), token_env.strip(), model_id.strip())
+        model = connect(url.strip(), token_env.strip(), model_id.strip(), should_cancel=host.check_interrupt)
         return (model, model.dialect)

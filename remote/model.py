@@ -56,3 +56,9 @@ class RemoteResume:
     prompt: str
     context: object
     recorded: object  # trace.Recorded: the steps so far, as Recorder.snapshot()
+    paused: bool = False
+
+    @property
+    def paused_step(self) -> int:
+        """The step a resumed window continues at: the one after the paused block's last, else 0."""
+        return self.recorded.rows[-1].step + 1 if self.paused and self.recorded.rows else 0

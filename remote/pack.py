@@ -16,9 +16,11 @@ from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_continues
 from ..dgemma.run import RunResult, check_turn
 from ..dgemma.tokens import check_text
 from ..dgemma.vision import check_image_tensor
-from ..dgemma.wire import result_parts, row_frame, step_row
+from ..dgemma.wire import WireError, obj, result_parts, row_frame, step_row
+from ..dgemma.wire import text as text_field
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteContext, RemoteResume
+from .verify import Asked, check_echo, check_ids, check_step, made_context
 
 CHAT = "/v1/chat/completions"
 
@@ -86,40 +88,65 @@ class PackBackend:
 
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
             advance_context=False, advanced=None) -> RunResult:
-        """One run on the server; each streamed step reaches `on_frame` as the Frame a local run gives."""
+        """One run on the server; each streamed step reaches `on_frame` as the Frame a local run gives.
+        Every step and the result are checked against the request (remote/verify.py) before use."""
         resume = advanced.resume if advanced is not None else None
         rows, final, L = list(resume.recorded.rows) if resume is not None else [], None, model.canvas_length
+        asked = Asked(prompt, knobs, context, image is not None, advanced, advance_context, L)
         body = self.body(model, prompt, knobs, context, image, advance_context, advanced)
         new = 0
         try:
-            for chunk in self.remote.stream(CHAT, body, should_cancel):
+            for chunk in self.remote.stream(CHAT, body, should_cancel, asked.max_events):
+                if not isinstance(chunk, dict):
+                    raise WireError("event", "a JSON object", chunk)
                 if "error" in chunk:
-                    err = chunk["error"]
-                    if err.get("param"):
-                        raise InputError(err["param"], err.get("message", ""))
-                    raise RemoteError(f"{self.remote.url} stopped the run after {new} steps: {err.get('message')}")
+                    raise self._stopped(chunk["error"], new)
                 if chunk.get("type") == "diffusion_frame":
-                    rows.append(step_row(chunk["dgemma"], L))
+                    row = step_row(obj(chunk, "dgemma"), L, len(model.token_strings))
+                    check_step(row, rows[-1] if rows else None, asked)
+                    rows.append(row)
                     new += 1
                     if on_frame is not None:
-                        on_frame(row_frame(rows[-1], L))
+                        on_frame(row_frame(row, L))
                 elif "dgemma" in chunk:
-                    final = chunk["dgemma"]
+                    if final is not None:
+                        raise WireError("dgemma", "one result per run", "a second one")
+                    final = obj(chunk, "dgemma")
+            if final is None:
+                raise RemoteError(f"{self.remote.url} ended the stream without the run's result")
+            return self._result(model, asked, final, rows)
         except Interrupted:
             raise Cancelled(new) from None
         except RemoteRefusal as err:
             raise refused(err) from None
-        if final is None:
-            raise RemoteError(f"{self.remote.url} ended the stream without the run's result")
-        return self._result(model, prompt, context, final, rows)
+        except WireError as err:
+            raise self.bad(err) from None
 
-    def _result(self, model, prompt, context, final, rows) -> RunResult:
-        state, trace, config, recorded = result_parts(final, rows, model.canvas_length, model.token_strings)
-        if final["resume"] is not None:
-            keep = RemoteResume(model, final["resume"], prompt, context, recorded)
+    def bad(self, err: WireError) -> RemoteError:
+        return RemoteError(self.remote.redact(f"{self.remote.url} sent a bad answer, refused: {err}"))
+
+    def _stopped(self, err, steps: int) -> Exception:
+        """The error a server ended its stream with: a field's refusal, or a failure after some steps."""
+        message = self.remote.redact(err.get("message") if isinstance(err, dict) else err)
+        param = err.get("param") if isinstance(err, dict) else None
+        if isinstance(param, str) and 0 < len(param) <= 64:
+            return InputError(param, message)
+        return RemoteError(f"{self.remote.url} stopped the run after {steps} steps: {message}")
+
+    def _result(self, model, asked: Asked, final, rows) -> RunResult:
+        strings = model.token_strings
+        state, trace, config, recorded = result_parts(final, rows, model.canvas_length, strings, len(strings))
+        check_echo(config, state, asked)
+        check_ids(state, rows, strings)
+        handle, made = text_field(final, "resume", 128, none=True), obj(final, "context", none=True)
+        if handle is not None and asked.advanced is None:
+            raise WireError("resume", "null for a run without a window", handle)
+        if made is not None and not asked.advance_context:
+            raise WireError("context", "null (advance_context was off)", made)
+        if handle is not None:
+            keep = RemoteResume(model, handle, asked.prompt, asked.context, recorded, state.paused)
             state = dataclasses.replace(state, resume=keep)
-        made = final["context"]
-        new_context = RemoteContext(model, made["handle"], made["length"], made["summary"]) if made else None
+        new_context = made_context(model, made, model.max_positions) if made is not None else None
         return RunResult(state.text, state, trace, config, new_context)
 
     def encode(self, model, text, onto=None, should_cancel=None, image=None) -> RemoteContext:
@@ -129,9 +156,11 @@ class PackBackend:
         body = {"text": text, "onto": onto.handle if onto is not None else None,
                 "image": image_json(image) if image is not None else None}
         try:
-            made = self.remote.call("POST", "/v1/dgemma/contexts", body)
+            made = self.remote.call("POST", "/v1/dgemma/contexts", body, should_cancel=should_cancel)
+            return made_context(model, made, model.max_positions)
+        except Interrupted:
+            raise Cancelled(0) from None
         except RemoteRefusal as err:
             raise refused(err) from None
-        return RemoteContext(model, made["handle"], made["length"], made["summary"])
-
-
+        except WireError as err:
+            raise self.bad(err) from None

@@ -260,15 +260,15 @@ def test_bad_requests_get_4xx_with_a_reason_and_the_server_lives_on():
 
 
 def test_a_token_is_required_when_set_and_never_leaves_the_env(monkeypatch):
-    with served(env={"DGEMMA_SERVE_TOKEN": "s3cret"}) as (url, _):
+    with served(env={"DGEMMA_SERVE_TOKEN": "s3cret-token"}) as (url, _):
         assert raw(url, "GET", "/health")[0] == 200
         status, text, headers = raw(url, "GET", "/v1/models")
         assert status == 401 and "bearer token" in text and headers["WWW-Authenticate"] == "Bearer"
         assert raw(url, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
-        with pytest.raises(RemoteError, match="set MY_TOKEN"):
-            connect(url, "MY_TOKEN")
-        monkeypatch.setenv("MY_TOKEN", "s3cret")
-        model = connect(url, "MY_TOKEN")
+        with pytest.raises(RemoteError, match="set DGEMMA_TEST_TOKEN"):
+            connect(url, "DGEMMA_TEST_TOKEN")
+        monkeypatch.setenv("DGEMMA_TEST_TOKEN", "s3cret-token")
+        model = connect(url, "DGEMMA_TEST_TOKEN")
         (text, state, trace, frames, images, config), _ = call(Sampler, model=model, prompt="What is 3+4?", **KNOBS)
         assert text and "s3cret" not in repr(model) + json.dumps(config.asdict())
 

@@ -96,8 +96,8 @@ TEMPLATES = {
                   "5": (1160, 0, *T["DGemmaTrace"]), "6": (1160, 180, 320, 220)},
         "notes": [
             ((0, 340, 340, 260), "1 · Remote Loader: the model runs on another machine. There, in the pack's "
-             "folder: python -m serve --model <checkpoint> (port 8190). Another host needs a token: set it in an "
-             "env var on both sides and name that var in token_env. dialect says what the server streams: "
+             "folder: python -m serve --model <checkpoint> (port 8190). Another host needs a token: set it in a "
+             "DGEMMA_ env var on both sides and name that var in token_env. dialect says what the server streams: "
              "pack = all of it, as a local run."),
             ((820, 420, 320, 180), "2 · The rest is the start-here graph, unchanged: the Sampler paints each "
              "step live as the server streams it; text, canvas_state, the trace and its heatmap are the same "
