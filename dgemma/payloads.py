@@ -142,6 +142,7 @@ class RunConfig:
     image: dict | None = field(default=None)    # the turn's images: count, sizes, content hash (no pixels)
     advanced: dict | None = field(default=None)  # scheduler and its knobs, window, pins, the run resumed
     constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
+    decision: dict | None = field(default=None)    # a decision's reading (dgemma/decide.py), on its answer block
 
     def __str__(self) -> str:
         k = self.knobs
@@ -159,13 +160,21 @@ class RunConfig:
             f"{k.entropy_bound:g} · confidence {k.confidence:g} · gen_length {k.gen_length} · thinking "
             f"{'on' if k.thinking else 'off'}",
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
-            f"context: {context}{images}", *extra])
+            f"context: {context}{images}", *extra, *_decided(self.decision)])
 
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
                 "quant": self.quant, "device": self.device, "dtype": self.dtype,
                 "context": self.context, "image": self.image, "advanced": self.advanced,
-                "constraint": self.constraint, "run_id": self.run_id}
+                "constraint": self.constraint, "run_id": self.run_id,
+                **({"decision": self.decision} if self.decision is not None else {})}
+
+
+def _decided(decision: dict | None) -> list[str]:
+    if decision is None:
+        return []
+    read = " · ".join(f"{o} {v['mean']:.1%}" for o, v in decision["probabilities"].items())
+    return [f"decision: {_quote(decision['choice'])} over {decision['samples']} noise draw(s): {read}"]
 
 
 def _quote(text: str, limit: int = 200) -> str:
