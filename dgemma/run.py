@@ -300,7 +300,8 @@ def _read_result(req: Request, sequence, trace, plan: LoopPlan, start: Start, re
                       start.generator.get_state() if paused else None, image=image_record)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
     if req.guide is not None:
-        state = dataclasses.replace(state, constraint=req.guide.verdict(state.raw_ids, state.paused))
+        state = dataclasses.replace(state, text=req.guide.answer(state.text),
+                                    constraint=req.guide.verdict(state.raw_ids, state.paused))
     return state
 
 
