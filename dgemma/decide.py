@@ -30,6 +30,8 @@ MAX_SAMPLES = 64
 MAX_OPTIONS = 256
 MAX_OPTION_CHARS = 1000
 ROWS = 16  # canvases per decoder forward
+# The knobs a decision takes: the first draw's seed, and the schedule of the answer block's run (the trace).
+KNOB_NAMES = ("seed", "num_inference_steps", "t_min", "t_max", "entropy_bound", "confidence")
 
 
 def options_from_text(text) -> list[str]:
@@ -44,7 +46,7 @@ def check_options(options) -> tuple[str, ...]:
         raise InputError("options", f"options must be a list of texts, got {type(options).__name__}; give one "
                                     "option per line")
     if not options:
-        raise InputError("options", "options is empty; write one option per line, e.g. red, green, blue")
+        raise InputError("options", "options is empty; give the answers to choose among, e.g. red, green, blue")
     if len(options) > MAX_OPTIONS:
         raise InputError("options", f"options has {len(options)} entries, over {MAX_OPTIONS}; give fewer")
     seen: dict[str, int] = {}

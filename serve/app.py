@@ -19,6 +19,7 @@ from aiohttp import web
 from ..dgemma.errors import InputError
 from ..dgemma.loop import Cancelled
 from ..dgemma.wire import step_json
+from .decide import decide
 from .requests import image_tensor, job_of
 from .runs import Engine, sse, timings
 
@@ -203,4 +204,5 @@ def build_app(engine: Engine, token: str = "", max_body: int = 64 * 2**20) -> we
     app.router.add_get("/v1/dgemma/tokens", tokens)
     app.router.add_post("/v1/dgemma/contexts", contexts)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/dgemma/decide", decide)
     return app
