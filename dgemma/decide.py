@@ -29,7 +29,8 @@ from .tokens import check_text, literal_ids
 MAX_SAMPLES = 64
 MAX_OPTIONS = 256
 MAX_OPTION_CHARS = 1000
-ROWS = 16  # canvases per decoder forward
+ROWS = 16  # most canvases per decoder forward
+LOGITS_BYTES = 2**30  # and no more than this many bytes of float32 logits: 4 canvases at the real vocabulary
 # The knobs a decision takes: the first draw's seed, and the schedule of the answer block's run (the trace).
 KNOB_NAMES = ("seed", "num_inference_steps", "t_min", "t_max", "entropy_bound", "confidence")
 
@@ -79,15 +80,18 @@ def end_id(dm) -> int:
 
 def option_ids(dm, options) -> list[tuple[int, ...]]:
     """Each option's tokens, refused when it and the end of the turn do not fit on one canvas."""
-    out = []
+    out: dict[tuple[int, ...], str] = {}
     for option in options:
         ids = tuple(literal_ids(dm.tokenizer, option))
         if len(ids) + 1 > dm.canvas_length:
             raise InputError("options", f"option {option[:80]!r} is {len(ids)} tokens; with the end of the turn "
                                         f"after it that is over the canvas of {dm.canvas_length} positions; "
                                         "shorten it")
-        out.append(ids)
-    return out
+        if ids in out:
+            raise InputError("options", f"options {out[ids][:80]!r} and {option[:80]!r} are the same tokens for "
+                                        "this model, so they cannot differ; keep one")
+        out[ids] = option
+    return list(out)
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,12 @@ def read_plan(ids: list[tuple[int, ...]], end: int) -> ReadPlan:
 
 
 class Reader:
-    """Decoder forwards of many canvases over one prefilled cache, ROWS at a time, read where the plan asks."""
+    """Decoder forwards of many canvases over one prefilled cache, several at a time, read where the plan asks."""
 
     def __init__(self, decoder: BlockDecoder, should_cancel=None):
         self.decoder, self.should_cancel = decoder, should_cancel
+        # From the model alone, so the same canvases share a forward (and round alike) on every caller.
+        self.rows = max(1, min(ROWS, LOGITS_BYTES // (decoder.L * decoder.vocab * 4)))
         self._views: dict[int, tuple] = {}
         self.canvases = 0  # canvases the model read
 
@@ -164,8 +170,8 @@ class Reader:
                 wanted.setdefault((r, pos), set()).add(token)
         values: dict[tuple[int, int, int, int], float] = {}
         jobs = [(d, r) for d in range(len(bases)) for r in range(R)]
-        for lo in range(0, len(jobs), ROWS):
-            chunk = jobs[lo:lo + ROWS]
+        for lo in range(0, len(jobs), self.rows):
+            chunk = jobs[lo:lo + self.rows]
             canvases = torch.cat([bases[d] for d, _ in chunk]).clone()
             for i, (_, r) in enumerate(chunk):
                 for pos, token in plan.rows[r]:

@@ -149,3 +149,4 @@ def test_pictures_are_the_same_every_time(demo_model):
     assert np.array_equal(chart(found), chart(found)) and np.array_equal(trace_lines(found), trace_lines(found))
     assert torch.from_numpy(chart(found)).dtype == torch.float32
     assert found.choice == "two"
+
