@@ -24,8 +24,9 @@ BEAM = 64       # states kept per position (the previous path's state always amo
 class Guide:
     """One run's constraint: `apply` makes a step's canvas valid; `verdict` reads the answer."""
 
-    def __init__(self, automaton, constraint, canvas_length: int, blocks: int):
+    def __init__(self, automaton, constraint, canvas_length: int, blocks: int, shape=None):
         self.automaton, self.constraint = automaton, constraint
+        self.shape = shape  # a one_value.OneValue: the canvas holds the value, the answer is its JSON
         self.L, self.blocks = canvas_length, blocks
         self._starts: dict[int, int | None] = {0: START}
         self._path: tuple[int, list[int]] | None = None  # (block, tokens) of the last valid path
@@ -84,7 +85,13 @@ class Guide:
             need = self.automaton.dist.get(state, math.inf)
             reason = (f"gen_length ran out before the answer could end (it needs at least {need} more tokens); "
                       "raise gen_length")
-        return {**self.constraint.summary(), "satisfied": ok, "reason": reason, "changed_positions": self.changed}
+        shape = {} if self.shape is None else {"answered_as_value": True}
+        return {**self.constraint.summary(), "satisfied": ok, "reason": reason, "changed_positions": self.changed,
+                **shape}
+
+    def answer(self, text: str) -> str:
+        """The answer text: the canvas's own, or for a schema of one value, that value's JSON."""
+        return text if self.shape is None else self.shape.answer(text)
 
 
 def candidates(logits, row, proposed, pinned, previous) -> list[list[tuple[int, float]]]:
@@ -163,6 +170,7 @@ def guide_for(dm, constraint, gen_length: int) -> Guide | None:
     """The run's guide (None for no constraint); refuses an answer that cannot fit, before any model work."""
     from .constraint import Constraint, automaton
     from .errors import InputError
+    from .one_value import one_value
 
     if constraint is None:
         return None
@@ -171,7 +179,8 @@ def guide_for(dm, constraint, gen_length: int) -> Guide | None:
     if not constraint.active:
         return None
     blocks = math.ceil(gen_length / dm.canvas_length)
-    found = automaton(dm, constraint)
+    shape = one_value(constraint)
+    found = automaton(dm, constraint if shape is None else shape.choice)
     need, positions = found.dist[START], blocks * dm.canvas_length
     if need == math.inf:
         raise InputError("constraint", "no answer this model's tokenizer can write satisfies the constraint; "
@@ -180,4 +189,4 @@ def guide_for(dm, constraint, gen_length: int) -> Guide | None:
         raise InputError("constraint", f"the shortest answer the constraint allows takes {need} tokens with its "
                                        f"EOS, over the {positions} positions gen_length {gen_length} generates; "
                                        "raise gen_length or loosen the constraint")
-    return Guide(found, constraint, dm.canvas_length, blocks)
+    return Guide(found, constraint, dm.canvas_length, blocks, shape)

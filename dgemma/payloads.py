@@ -152,6 +152,7 @@ class RunConfig:
     advanced: dict | None = field(default=None)  # scheduler and its knobs, window, pins, the run resumed
     constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
     readings: object = None  # readings.Readings: the knobs a remote engine was sent and those it fixes itself
+    decision: dict | None = field(default=None)    # a decision's reading (dgemma/decide.py), on its answer block
 
     def __str__(self) -> str:
         k = self.knobs
@@ -171,7 +172,7 @@ class RunConfig:
         return "\n".join([
             f"prompt: {_quote(self.prompt)}", knobs,
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
-            f"context: {context}{images}", *extra])
+            f"context: {context}{images}", *extra, *_decided(self.decision)])
 
     def _sent_knobs(self) -> str:
         """A remote engine's knobs: those sent (and how), then those it never got or ignored, and why."""
@@ -185,8 +186,16 @@ class RunConfig:
         out = {"prompt": self.prompt, **knobs, "model_source": self.model_source,
                "quant": self.quant, "device": self.device, "dtype": self.dtype,
                "context": self.context, "image": self.image, "advanced": self.advanced,
-               "constraint": self.constraint, "run_id": self.run_id}
+               "constraint": self.constraint, "run_id": self.run_id,
+               **({"decision": self.decision} if self.decision is not None else {})}
         return out if self.readings is None else {**out, "readings": self.readings.asdict()}
+
+
+def _decided(decision: dict | None) -> list[str]:
+    if decision is None:
+        return []
+    read = " · ".join(f"{o} {v['mean']:.1%}" for o, v in decision["probabilities"].items())
+    return [f"decision: {_quote(decision['choice'])} over {decision['samples']} noise draw(s): {read}"]
 
 
 def _quote(text: str, limit: int = 200) -> str:

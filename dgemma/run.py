@@ -23,6 +23,7 @@ from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .pins import report as pin_report
 from .resume import Advanced, Resume, check_advanced
 from .seeding import make_generator
+from .threads import with_compute_threads
 from .tokens import check_text, prompt_ids
 from .trace import CanvasTrace, Frame, Recorder
 from .vision import check_image_tensor, check_vision, prepare_images
@@ -181,6 +182,23 @@ def run(req: Request, *, on_frame: Callable[[Frame], None] | None = None,
     return run_batch([req], on_frame=report, should_cancel=should_cancel)[0]
 
 
+def run_watched(req: Request, watch: Callable[[object], None]) -> RunResult:
+    """Run a prepared request alone, calling `watch(lane)` before each step's decoder forward: the lane's
+    canvas and self-conditioning are then that step's input (the options' reads of a decision use them)."""
+    item = _launch(req, None)
+    if item.lane is not None:
+        _watched(req.dm.model, item.lane, watch)
+    return _result(item)
+
+
+@with_compute_threads
+@torch.no_grad()
+def _watched(model, lane: Lane, watch) -> None:
+    while lane.ready():
+        watch(lane)
+        lane.advance(lane.decoder.logits(lane.canvas, lane.self_cond))
+
+
 def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
               should_cancel: Callable[[], bool] | None = None, max_batch: int | None = None,
               on_settled: Callable[[int], None] | None = None) -> list[RunResult]:
@@ -282,7 +300,8 @@ def _read_result(req: Request, sequence, trace, plan: LoopPlan, start: Start, re
                       start.generator.get_state() if paused else None, image=image_record)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
     if req.guide is not None:
-        state = dataclasses.replace(state, constraint=req.guide.verdict(state.raw_ids, state.paused))
+        state = dataclasses.replace(state, text=req.guide.answer(state.text),
+                                    constraint=req.guide.verdict(state.raw_ids, state.paused))
     return state
 
 

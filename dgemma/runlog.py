@@ -98,6 +98,8 @@ def records(trace, config, state, frames_text) -> list[dict]:
     sets = trace.knob_index.tolist() if trace.knob_index is not None else [0] * len(trace)
     out += [_frame_record(f, text, trace.token_strings, k, trace)
             for f, text, k in zip(trace.frames(), frames_text, sets)]
+    if config.decision is not None:
+        _add_decision(out, config.decision)
     out.append({"record_type": "final", "raw_ids": known(state, "ids", list(state.raw_ids)),
                 "steps_used": state.steps_used,
                 "text": state.text, "converged": state.converged, "committed_fraction": state.committed_fraction,
@@ -115,6 +117,13 @@ def _canvas_length(trace):
     if trace.readings is None:
         return trace.canvas_length
     return known(trace, "canvas_length", trace.readings.reported.get("canvas_length"))
+
+
+def _add_decision(rows: list[dict], decision: dict) -> None:
+    """A decision's reading: in the header, and per frame the options' probabilities before that step."""
+    rows[0]["decision"] = {k: v for k, v in decision.items() if k != "trace"}
+    for row, probabilities in zip(rows[1:], decision.get("trace") or ()):
+        row["option_probabilities"] = dict(zip(decision["options"], probabilities))
 
 
 def write_jsonl(rows: list[dict], output_dir: Path, prefix: str) -> Path:

@@ -21,6 +21,7 @@ from mcp_types import CallToolResult, Resource, ToolAnnotations
 from ..dgemma.loop import Cancelled
 from ..dgemma.runlog import pack_version
 from .args import encode_args, generate_args, loader_args
+from .decide import decide_tool
 from .engine import Engine
 from .inputs import folder, image
 from .outputs import runlog_text, write_outputs
@@ -190,7 +191,7 @@ def build_server(engine: Engine | None = None) -> MCPServer:
     srv = MCPServer("diffusiongemma", version=pack_version(), instructions=(
         "DiffusionGemma, a discrete-diffusion text model. generate answers a prompt and reports every denoising "
         "step; encode makes a reusable context handle; one run at a time (a second is refused, not queued)."),
-        tools=[*model_tools(engine), encode_tool(engine), generate_tool(engine)])
+        tools=[*model_tools(engine), encode_tool(engine), generate_tool(engine), decide_tool(engine)])
     add_runlogs(srv, engine)
     for method in ("prompts/list", "prompts/get"):  # no prompts to serve: do not advertise the capability
         srv._lowlevel_server._request_handlers.pop(method, None)

@@ -1,6 +1,7 @@
 """The ComfyUI nodes: thin classes over the engine in dgemma/."""
 
 from . import host
+from .decide import DGemmaDecide
 from .encode import DGemmaEncode
 from .loader import DGemmaLoader
 from .prompt_list import DGemmaPromptList
@@ -22,6 +23,7 @@ NODE_CLASS_MAPPINGS = {
     "DGemmaTrace": DGemmaTrace,
     "DGemmaRunLogWriter": DGemmaRunLogWriter,
     "DGemmaPromptList": DGemmaPromptList,
+    "DGemmaDecide": DGemmaDecide,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -34,4 +36,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaTrace": "DiffusionGemma Trace",
     "DGemmaRunLogWriter": "DiffusionGemma Run Log Writer",
     "DGemmaPromptList": "DiffusionGemma Prompt List",
+    "DGemmaDecide": "DiffusionGemma Decide",
 }

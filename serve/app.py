@@ -19,6 +19,7 @@ from ..dgemma.errors import InputError
 from ..dgemma.loop import Cancelled
 from ..dgemma.wire import step_json
 from .connections import BODY_TIMEOUT, Connections
+from .decide import decide
 from .requests import UnknownModel, context_of, job_of
 from .runs import Engine, sse, timings
 from .safety import PREFLIGHT_HEADERS, Policy, json_content
@@ -246,4 +247,5 @@ def build_app(engine: Engine, policy: Policy | None = None, max_body: int = 64 *
     app.router.add_get("/v1/dgemma/tokens", tokens)
     app.router.add_post("/v1/dgemma/contexts", contexts)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/dgemma/decide", decide)
     return app

@@ -127,7 +127,12 @@ def test_answer_spans_blocks(demo_model):
     check_valid(result, "json_schema", json.dumps(schema))
 
 
+PAIR = {"type": "object", "properties": {"sum": SUM["properties"]["sum"], "even": {"type": "boolean"}},
+        "required": ["sum", "even"], "additionalProperties": False}
+
+
 def test_readings_show_the_constrained_positions(demo_model):
+    """A schema of two properties: the demo never learned JSON, so the constraint writes its braces and keys."""
     import fakecomfy  # noqa: F401
     from executor import call
 
@@ -140,19 +145,19 @@ def test_readings_show_the_constrained_positions(demo_model):
         out, _ = call(NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"], model=demo_model, prompt="What is 3+4?",
                       seed=0, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.005,
                       gen_length=32, thinking=False, scheduler="entropy_bound", pins="", start_step=0,
-                      end_step=1024, constraint_type="json_schema", constraint=json.dumps(SUM))
+                      end_step=1024, constraint_type="json_schema", constraint=json.dumps(PAIR))
     finally:
         host._listeners.clear()
     text, state, trace, frames, _, config = out
-    jsonschema.validate(json.loads(text), SUM)
+    jsonschema.validate(json.loads(text), PAIR)
     assert state.constraint["satisfied"] and state.constraint["changed_positions"] > 0
     assert trace.constrained.any() and (trace.states() == CONSTRAINED).any()
     start = events[0][1]
     assert start["states"][CONSTRAINED] == "constrained" and "constrained" in start["palette"]
     assert any(str(CONSTRAINED) in d["state"] for n, d in events if n == "dgemma.step")
     header, *_, final = records(trace, config, state, frames)
-    digest = Constraint("json_schema", json.dumps(SUM)).summary()["sha256"]
-    assert header["constraint"] == {"kind": "json_schema", "text": json.dumps(SUM), "sha256": digest}
+    digest = Constraint("json_schema", json.dumps(PAIR)).summary()["sha256"]
+    assert header["constraint"] == {"kind": "json_schema", "text": json.dumps(PAIR), "sha256": digest}
     assert final["constraint"]["satisfied"] and final["finished_honestly"]
     rows = records(trace, config, state, frames)
     again = replay(rows[0], rows[1:-1])

@@ -21,7 +21,7 @@ from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS = {"load_model", "model_status", "generate", "encode", "cancel_run", "free_handle"}
+TOOLS = {"load_model", "model_status", "generate", "encode", "cancel_run", "free_handle", "decide"}
 LONG = dict(num_inference_steps=1024, confidence=0.0)  # 8 blocks of 1024 steps: minutes unless cancelled
 
 

@@ -53,7 +53,9 @@ MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaRemoteLoader": (210, 130),
             "DGemmaSampler": (224, 586), "DGemmaDenoise": (287, 666),
             "DGemmaEncode": (283, 128), "DGemmaTrace": (210, 126), "DGemmaSamplerAdvanced": (289, 892),
             "PreviewAny": (210, 112), "PreviewImage": (140, 26), "EmptyImage": (210, 130),
-            "VHS_VideoCombine": (210, 238), "Note": (210, 88)}
+            "VHS_VideoCombine": (210, 238), "Note": (210, 88),
+            # Estimated from the nodes above (their widgets and sockets), not yet measured in the frontend:
+            "DGemmaDecide": (290, 640), "DGemmaRunLogWriter": (270, 130)}
 # Video Combine draws its GIF at the node's width less 20 px, as tall as the frame's aspect asks, under
 # 252 px of widgets and margins. A template gives it a width that shows the frame at READABLE of its own
 # size or more at the saved scale (its 6 px cells are hard to read smaller), and the height it takes after
@@ -175,9 +177,22 @@ TEMPLATES = {
                   "5": (1260, 150, 320, 112), "6": (1260, 300, 320, 250)},
         "notes": [
             ((0, 240, 340, 300), "Every answer satisfies its constraint. Left, a choice (one per line): the "
-             "demo already answers seven, so nothing changes. Right, a JSON Schema: the demo never learned JSON, "
-             "so the constraint writes braces and keys (violet: changed by it); the word inside is its guess. "
-             "canvas_state says if it held."),
+             "demo already answers seven, so nothing changes. Right, a JSON Schema asking for one value: the "
+             "canvas holds the value where the model answers, constrained to the enum, and the text is its JSON, "
+             "{\"sum\":\"seven\"}. canvas_state says if it held."),
+        ],
+    },
+    "diffusiongemma_decide": {
+        "source": "decide",
+        "view": {"scale": 0.8, "offset": [80, 210]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (0, 260, 340, 130), "3": (360, 0, 440, 700),
+                  "4": (820, 0, 320, 112), "5": (820, 150, 320, 250), "6": (1160, 0, 420, 200),
+                  "7": (1160, 260, 420, 300), "8": (820, 460, 320, 150)},
+        "notes": [
+            ((0, 430, 340, 250), "Decide: how sure is the model? Each option's probability as the whole answer, "
+             "read from its logits at the start of the answer, over 8 noise draws (bars: mean, whiskers: one "
+             "standard error). The trace follows the same reading over the denoising steps; the run log keeps "
+             "it. Pick another colour in Empty Image."),
         ],
     },
     # Three samplers in a row left of the minimap (the only room that reaches below it), their answers in

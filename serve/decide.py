@@ -1,0 +1,81 @@
+"""POST /v1/dgemma/decide: each option's probability as the answer (dgemma/decide.py), as JSON.
+
+Body: {"prompt": str, "options": [str, ...], "samples": int, "knobs": {seed, num_inference_steps, t_min,
+t_max, entropy_bound, confidence}, "context": handle, "image": {"shape", "data"} or a data: URL, "trace":
+bool}. The answer is the decision's own JSON (what the MCP tool and the node give for the same seed)
+and the run id of the answer block's run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..dgemma.decide import KNOB_NAMES, prepare_decision, run_decision
+from ..dgemma.errors import InputError
+from ..dgemma.knobs import Knobs
+from .requests import MAX_PROMPT_CHARS, image_tensor, url_images
+
+FIELDS = ("prompt", "options", "samples", "knobs", "context", "image", "trace")
+
+
+@dataclass(frozen=True)
+class DecideJob:
+    prompt: str
+    options: list
+    samples: int
+    knobs: Knobs
+    context: object = None
+    image: object = None
+    trace: bool = True
+
+
+def _need(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        raise InputError(name, message)
+
+
+def job_of(body, contexts) -> DecideJob:
+    """The decision a request asks for; every field checked, nothing run."""
+    _need(isinstance(body, dict), "body", f"the body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - set(FIELDS))
+    _need(not unknown, unknown[0] if unknown else "body", f"{str(unknown[0])[:40]!r} is not a field of a decide "
+                                                          f"request; its fields are {', '.join(FIELDS)}"
+          if unknown else "")
+    prompt = body.get("prompt", "")
+    _need(isinstance(prompt, str) and len(prompt) <= MAX_PROMPT_CHARS, "prompt",
+          f"prompt must be text of at most {MAX_PROMPT_CHARS} characters")
+    knobs = body.get("knobs") or {}
+    _need(isinstance(knobs, dict), "knobs", "knobs must be an object")
+    extra = sorted(set(knobs) - set(KNOB_NAMES))
+    _need(not extra, "knobs", f"{str(extra[0])[:40]!r} is not a knob of decide; it takes {', '.join(KNOB_NAMES)} "
+                              "(the answer slot is one canvas, thinking off)" if extra else "")
+    trace = body.get("trace", True)
+    _need(isinstance(trace, bool), "trace", f"trace must be true or false, got {trace!r}")
+    image = body.get("image")
+    if isinstance(image, str):
+        image = url_images([{"url": image}])
+    elif image is not None:
+        image = image_tensor(image)
+    context = contexts.get("context", body["context"]) if body.get("context") is not None else None
+    return DecideJob(prompt, body.get("options"), body.get("samples", 8), Knobs(**knobs), context, image, trace)
+
+
+async def decide(request):
+    from .app import ENGINE, Cancel, body_of, busy
+
+    engine = request.app[ENGINE]
+    job = job_of(await body_of(request), engine.contexts)
+    req = prepare_decision(engine.dm, job.prompt, job.options, job.samples, job.knobs, context=job.context,
+                           image=job.image)  # refused here, before the queue
+    if not engine.admit():
+        return busy(engine)
+    try:
+        decision = await asyncio.get_running_loop().run_in_executor(
+            engine.worker, lambda: run_decision(req, trace=job.trace, should_cancel=Cancel(request)))
+    finally:
+        engine.release()
+    run_id = decision.run.config.run_id if decision.run is not None else None
+    return web.json_response({**decision.asdict(), "run_id": run_id})
