@@ -242,8 +242,8 @@ def test_bad_requests_get_4xx_with_a_reason_and_the_server_lives_on():
     with served("--max-body-mb", "1") as (url, _):
         chat = "/v1/chat/completions"
         cases = [(b"\xff\xfe garbage", 400, "not JSON"), (b"[1, 2]", 400, "JSON object"),
-                 (b'{"messages": "hi"}', 400, "messages"), (b'{"messages": [{"role": "system", "content": "x"}]}',
-                                                              400, "one user turn"),
+                 (b'{"messages": "hi"}', 400, "messages"), (b'{"messages": [{"role": "tool", "content": "x"}]}',
+                                                              400, "role 'tool'"),
                  (json.dumps({"messages": [{"role": "user", "content": "x"}],
                               "dgemma": {"knobs": {"sed": 1}}}).encode(), 400, "sed is not a knob"),
                  (json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": -3}).encode(), 400, "seed"),
