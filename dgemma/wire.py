@@ -33,10 +33,14 @@ def _bits(mask) -> str | None:
 
 
 def step_json(frame: Frame) -> dict:
-    """One step: what the trace stores of it (ids, committed/stop/pinned masks, entropy, t, T)."""
-    return {"block": frame.block, "step": frame.step, "t": frame.t, "T": frame.temperature,
-            "ids": frame.ids.tolist(), "committed": _bits(frame.committed), "stop": _bits(frame.stop),
-            "pinned": _bits(frame.pinned), "entropy": _b64(frame.entropy.astype("<f2"))}
+    """One step: what the trace stores of it (ids, committed/stop/pinned masks, entropy, t, T, and what a
+    constraint changed, only when the run has one)."""
+    out = {"block": frame.block, "step": frame.step, "t": frame.t, "T": frame.temperature,
+           "ids": frame.ids.tolist(), "committed": _bits(frame.committed), "stop": _bits(frame.stop),
+           "pinned": _bits(frame.pinned), "entropy": _b64(frame.entropy.astype("<f2"))}
+    if frame.constrained is not None:
+        out["constrained"] = _bits(frame.constrained)
+    return out
 
 
 def step_row(data: dict, canvas_length: int) -> Row:
@@ -44,7 +48,7 @@ def step_row(data: dict, canvas_length: int) -> Row:
     packed = lambda key: None if data.get(key) is None else _array(data[key], np.uint8)
     return Row(int(data["block"]), int(data["step"]), np.array(data["ids"], np.int32), packed("committed"),
                _array(data["entropy"], "<f2").astype(np.float16), packed("stop"), packed("pinned"),
-               float(data["t"]), float(data["T"]), 0)
+               float(data["t"]), float(data["T"]), 0, packed("constrained"))
 
 
 def row_frame(row: Row, canvas_length: int) -> Frame:
