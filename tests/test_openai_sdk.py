@@ -167,6 +167,9 @@ def test_each_unimplemented_field_is_refused_by_name(client, server):
         assert err.value.status_code == 400 and body["param"] == name and words in body["message"], (fields, body)
         assert len(body["message"]) <= 600
     assert health(server)["started"] == before  # every refusal came before the queue
+    with pytest.raises(openai.BadRequestError) as err:  # found when the run is prepared: still the field's name
+        ask(client, max_tokens=8, extra_body={"guided_choice": ["a" * 40]})
+    assert err.value.body["param"] == "guided_choice" and "41 tokens with its EOS" in err.value.body["message"]
     with pytest.raises(openai.NotFoundError) as err:
         ask(client, model="gpt-4o")
     assert err.value.body["code"] == "model_not_found" and MODEL in err.value.body["message"]

@@ -82,3 +82,24 @@ def test_the_servers_constraint_refusals_come_back_naming_the_constraint(remote)
     with pytest.raises(InputError, match="'uniqueItems'"):
         call(Denoise, model=remote, **dict(KNOBS, prompt="What is 3+4?", constraint_type="json_schema",
                                            constraint='{"type": "array", "uniqueItems": true}'))
+
+
+def test_the_structured_template_through_the_remote_loader_writes_valid_json(remote):
+    from conftest import REPO
+
+    from diffusiongemma.runner.execute import run_graph
+
+    graph = json.loads((REPO / "example_workflows" / "api" / "structured.json").read_text())
+    local = run_graph(json.loads(json.dumps(graph)))
+    loaders = [k for k, node in graph.items() if node["class_type"] == "DGemmaLoader"]
+    for key in loaders:
+        graph[key] = {"class_type": "DGemmaRemoteLoader", "inputs": {"url": remote.url}}
+    far = run_graph(graph)
+    texts = [t for ui in far.values() for t in ui.get("text", [])]
+    schema = json.loads(next(n["inputs"]["constraint"] for n in graph.values()
+                             if n["inputs"].get("constraint_type") == "json_schema"))
+    answers = [json.loads(t) for t in texts if t.startswith("{")]
+    assert loaders and answers and "seven" in texts
+    for answer in answers:
+        jsonschema.validate(answer, schema)
+    assert texts == [t for ui in local.values() for t in ui.get("text", [])]
