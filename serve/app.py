@@ -206,8 +206,8 @@ async def complete(request, engine, job, ids):
 
 
 async def stream(request, engine, job, ids):
-    """SSE: role, one diffusion_frame per step (its choice's index), reasoning, content, usage + timings,
-    finish, [DONE]."""
+    """SSE: role, one diffusion_frame per step (its choice's index), reasoning, content, finish, usage +
+    timings, [DONE]."""
     loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), Cancel(request)
     top = {**head(), "model": engine.model_id}
     chunk = engine.frame_chunk(top, job.knobs.num_inference_steps)
@@ -253,10 +253,10 @@ def ending(top: dict, engine, job, run) -> bytes:
             pieces.append(sse(delta(i, {"reasoning_content": answer.thought})))
         if answer.text or answer.logprobs is not None:
             pieces.append(sse(delta(i, {"content": answer.text}, logprobs=answer.logprobs)))
-    pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers),
-                       "timings": timings(results[0].state, engine.dm.canvas_length, wall)}))
     for i, answer in enumerate(answers):
         pieces.append(sse({**delta(i, {}, answer.finish), "dgemma": metas[i]}))
+    pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers),  # last, as OpenAI sends it
+                       "timings": timings(results[0].state, engine.dm.canvas_length, wall)}))
     return b"".join(pieces) + b"data: [DONE]\n\n"
 
 

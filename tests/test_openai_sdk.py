@@ -131,6 +131,11 @@ def test_streaming_two_choices_each_with_its_frames(client):
     assert text == {i: solo[i].choices[0].message.content for i in range(2)} and finish == {0: "stop", 1: "stop"}
     assert frames == {i: solo[i].model_extra["dgemma"]["state"]["steps_used"] for i in range(2)}
     assert usage.completion_tokens == sum(s.usage.completion_tokens for s in solo)
+    with client.chat.completions.stream(model=MODEL, messages=ASK, n=2, seed=3, logprobs=True) as helper:
+        final = helper.get_final_completion()  # the SDK's own accumulator: choices, logprobs and usage
+    assert [c.message.content for c in final.choices] == [text[0], text[1]]
+    assert final.usage.completion_tokens == usage.completion_tokens
+    assert all(len(c.logprobs.content) == s.usage.completion_tokens for c, s in zip(final.choices, solo))
 
 
 REFUSALS = [  # (fields, the field named, words of the message)
