@@ -113,7 +113,10 @@ def _distances(transitions: dict, finals, end: int) -> tuple[dict, dict]:
     """(fewest tokens to DONE per state, (token, next state) one step closer) by a backward search."""
     succ = {}
     for state, moves in transitions.items():
-        ways = {nxt: token for token, nxt in moves.items() if token != end}
+        ways: dict = {}  # next state -> the smallest token to it: outlines-core's maps iterate in a random order
+        for token, nxt in moves.items():  # per process, and the way to the end must be the same in every one
+            if token != end and token < ways.get(nxt, math.inf):
+                ways[nxt] = token
         ways.pop(state, None)  # a loop never brings the end closer (EOS loops on accepting states too)
         succ[state] = ways
     before: dict = {}
@@ -131,7 +134,7 @@ def _distances(transitions: dict, finals, end: int) -> tuple[dict, dict]:
     toward = {}
     for state, ways in succ.items():
         if state in dist and state not in finals:
-            nxt = min(ways, key=lambda s: dist.get(s, math.inf))
+            nxt = min(ways, key=lambda s: (dist.get(s, math.inf), ways[s]))
             toward[state] = (ways[nxt], nxt)
     for state in transitions:
         dist.setdefault(state, math.inf)

@@ -71,8 +71,10 @@ def constraint_options(model, constraint, gen_length: int) -> dict:
     """The run options a constraint adds, checked before any work: none when it is empty."""
     if constraint is None or not getattr(constraint, "active", True):
         return {}
-    if backend_of(model) is not LOCAL:
-        raise InputError("constraint", f"{model} is a remote model, and constrained answers run only in this "
-                                       "process for now; load the model with DGemmaLoader, or leave constraint empty")
-    guide_for(model, constraint, gen_length)
+    engine = backend_of(model)
+    if engine is LOCAL:
+        guide_for(model, constraint, gen_length)
+    elif not getattr(engine, "takes_constraints", False):  # its server compiles and checks the constraint
+        raise InputError("constraint", f"{model} is a remote model whose server cannot constrain answers; use this "
+                                       "pack's server (python -m serve) or DGemmaLoader, or leave constraint empty")
     return {"constraint": constraint}

@@ -17,7 +17,11 @@ def token_bytes(tokenizer) -> dict[bytes, list[int]]:
     for piece, i in tokenizer.get_vocab().items():
         if i in added or not piece:
             continue
-        byte = _BYTE.match(piece)
-        raw = bytes([int(byte.group(1), 16)]) if byte else piece.replace("▁", " ").encode("utf-8")
-        out.setdefault(raw, []).append(i)
+        out.setdefault(piece_bytes(piece), []).append(i)
     return out
+
+
+def piece_bytes(piece: str) -> bytes:
+    """What a vocabulary piece writes: `▁` as a space, a `<0xNN>` byte-fallback piece its one byte."""
+    byte = _BYTE.match(piece)
+    return bytes([int(byte.group(1), 16)]) if byte else piece.replace("▁", " ").encode("utf-8")

@@ -124,17 +124,44 @@ def encode_context(dm, text: str, onto: KVCache | None = None,
     if held > dm.max_positions:
         raise InputError("text", f"text is {len(ids)} tokens; with the context before it that is {held}, over "
                                  f"the model's {dm.max_positions} positions; shorten it")
+    return _encoded(dm, ids, len(head) if images is not None else 0, images, onto, should_cancel)
+
+
+def _encoded(dm, ids, image_end: int, images, onto, should_cancel) -> KVCache:
+    """`ids` encoded onto a fork of `onto` (or a new cache): ids[:image_end] with the images in one
+    forward, the rest in chunks, with a cancel check before each."""
     cache = onto.fork_for(dm) if onto is not None else new_cache(dm.model)
-    start = 0
-    if images is not None:  # the images and their placeholders in one forward, then the text in chunks
-        encode_ids(dm.model, cache, head, images)
-        start = len(head)
-    for chunk in range(start, len(ids), CHUNK):
+    if images is not None:
+        encode_ids(dm.model, cache, ids[:image_end], images)
+    for chunk in range(image_end, len(ids), CHUNK):
         if should_cancel is not None and should_cancel():
             raise Cancelled(0)
         encode_ids(dm.model, cache, ids[chunk:chunk + CHUNK])
     seen = (images.record,) if images is not None else ()
     return onto.advanced(cache, ids, seen) if onto is not None else mint(dm, cache, ids, seen)
+
+
+def encode_chat(dm, ids: list[int], image=None, onto: KVCache | None = None,
+                should_cancel: Callable[[], bool] | None = None) -> KVCache:
+    """A KV context holding a templated conversation's ids (`chat.chat_ids`), its image placeholders
+    filled by `image` (a ComfyUI IMAGE batch, one image per placeholder, in order)."""
+    check_model(dm)
+    if onto is not None:
+        onto.check_model(dm)
+    images, end = None, 0
+    if image is not None:
+        images = prepare_images(dm, image)
+        image_id, boi_id, eoi_id = image_token_ids(dm)
+        if ids.count(image_id) != images.record["count"]:
+            raise InputError("image", f"the model's chat template placed {ids.count(image_id)} image(s) for "
+                                      f"{images.record['count']} given; this checkpoint's template cannot take them")
+        ids = images.expand(ids, image_id, boi_id, eoi_id)
+        end = len(ids) - ids[::-1].index(eoi_id)
+    held = (onto.length if onto is not None else 0) + len(ids)
+    if held > dm.max_positions:
+        raise InputError("messages", f"the conversation is {len(ids)} tokens; with the context before it that is "
+                                     f"{held}, over the model's {dm.max_positions} positions; shorten it")
+    return _encoded(dm, ids, end, images, onto, should_cancel)
 
 
 def mint(dm, cache, ids, images: tuple[dict, ...] = ()) -> KVCache:

@@ -11,6 +11,7 @@ class Excision:
     thoughts: tuple[tuple[int, ...], ...]
     turn_closed: bool                # an EOS id ended the turn outside an open channel
     stray_delimiter: bool            # a channel close with no open channel (dropped)
+    answer_at: tuple[int, ...] = ()  # where each answer id sits in the ids
 
 
 def excise(ids, channel_open: int, channel_close: int, eos_ids) -> Excision:
@@ -20,9 +21,10 @@ def excise(ids, channel_open: int, channel_close: int, eos_ids) -> Excision:
     """
     eos = set(eos_ids)
     answer: list[int] = []
+    at: list[int] = []
     thoughts: list[list[int]] = []
     in_channel = closed = stray = False
-    for tok in ids:
+    for index, tok in enumerate(ids):
         tok = int(tok)
         if in_channel:
             if tok == channel_close:
@@ -39,7 +41,8 @@ def excise(ids, channel_open: int, channel_close: int, eos_ids) -> Excision:
             break
         else:
             answer.append(tok)
-    return Excision(tuple(answer), tuple(tuple(t) for t in thoughts), closed, stray)
+            at.append(index)
+    return Excision(tuple(answer), tuple(tuple(t) for t in thoughts), closed, stray, tuple(at))
 
 
 def thought_text(tokenizer, thoughts) -> str | None:

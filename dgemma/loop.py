@@ -178,8 +178,10 @@ class Lane:
     """
 
     def __init__(self, model, cache, knobs: Knobs, generator, eos_ids, recorder: Recorder, on_frame=None,
-                 encode_last: bool = False, plan: LoopPlan | None = None, scheduler=None, guide=None):
+                 encode_last: bool = False, plan: LoopPlan | None = None, scheduler=None, guide=None,
+                 capture=None):
         self.plan = plan if plan is not None else LoopPlan()
+        self.capture = capture  # a logprobs.Capture when the run asked for log-probabilities
         self.guide = guide if guide is not None else UNCONSTRAINED
         self.decoder = BlockDecoder(model, cache)
         self.stepper = scheduler if scheduler is not None else self.plan.scheduling.build(
@@ -232,6 +234,8 @@ class Lane:
         canvas, constrained = self.guide.apply(self.block, self.done, canvas, out.committed | by_stop, self_cond,
                                                pinned, stopped or step == self.stepper.steps - 1)
         frame = self.recorder.add(self.block, step, canvas, out.committed, by_stop, entropy, pinned, constrained)
+        if self.capture is not None:
+            self.capture.add(self.block, logits, canvas, frame.committed)
         if self.on_frame is not None:
             self.on_frame(frame)
         self.canvas, self.self_cond, self.stopped, self.step = canvas, self_cond, stopped, step + 1

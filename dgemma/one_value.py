@@ -38,6 +38,10 @@ class OneValue:
             return text
         return json.dumps({self.key: values[text]}, separators=(",", ":"), ensure_ascii=False)
 
+    def written(self, answer: str) -> str:
+        """The text the model wrote for a JSON answer of one of the values (the inverse of `answer`)."""
+        return next((text for text, _ in self.values if self.answer(text) == answer), answer)
+
 
 def _values(schema: dict) -> list | None:
     if not isinstance(schema, dict) or set(schema) - NOTES - {"type", "enum", "const"}:

@@ -18,6 +18,7 @@ from .errors import InputError
 from .excision import excise, thought_text
 from .guide import guide_for
 from .knobs import Knobs
+from .logprobs import MAX_TOP, Capture
 from .loop import Cancelled, Lane, LoopPlan, drive, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .pins import report as pin_report
@@ -40,6 +41,7 @@ class RunResult:
     trace: CanvasTrace
     config: RunConfig
     context: object | None = None  # the KVCache advanced by this run, when asked for
+    logprobs: object | None = None  # logprobs.Logprobs of every generated position, when asked for
 
 
 def check_inputs(dm, prompt, knobs, context, image=None) -> None:
@@ -99,6 +101,7 @@ class Request:
     advance_context: bool = False
     constraint: object = None  # the Constraint asked for, and its compiled guide (None: unconstrained)
     guide: object = None
+    logprobs: int | None = None  # alternatives per position to capture with the log-probabilities (None: none)
 
     @property
     def resume(self) -> Resume | None:
@@ -115,13 +118,15 @@ class Request:
 
 
 def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
-            advance_context: bool = False, advanced: Advanced | None = None, constraint=None) -> Request:
+            advance_context: bool = False, advanced: Advanced | None = None, constraint=None,
+            logprobs: int | None = None) -> Request:
     """Check every input once (model, text, image, context, knobs, window, pins, resume, constraint)
-    before any model work."""
+    before any model work. `logprobs` (0 to 5 alternatives) captures each position's log-probability."""
     check_inputs(dm, prompt, knobs, context, image)
     plain = advanced is None
     advanced = Advanced() if plain else advanced
     resume = advanced.resume
+    check_logprobs(logprobs, resume)
     if image is not None and resume is not None:
         check_image_tensor("image", image)
         check_vision("image", dm)
@@ -130,13 +135,23 @@ def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=Non
     images = prepare_images(dm, image) if image is not None and resume is None else None
     turn = tuple(turn_ids(dm, prompt, knobs, context, images)) if resume is None else ()
     return Request(dm, prompt, knobs, context, advanced, plain, plan, turn, images, advance_context,
-                   constraint, guide)
+                   constraint, guide, logprobs)
+
+
+def check_logprobs(top, resume) -> None:
+    if top is None:
+        return
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP:
+        raise InputError("logprobs", f"logprobs must be a count of alternatives from 0 to {MAX_TOP}, got {top!r}")
+    if resume is not None:
+        raise InputError("logprobs", "a resumed run cannot give log-probabilities: the positions committed in the "
+                                     "earlier window were not captured; ask for them in a run that starts fresh")
 
 
 def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
              on_frame: Callable[[Frame], None] | None = None,
              should_cancel: Callable[[], bool] | None = None, advance_context: bool = False,
-             advanced: Advanced | None = None, constraint=None) -> RunResult:
+             advanced: Advanced | None = None, constraint=None, logprobs: int | None = None) -> RunResult:
     """Generate an answer to `prompt` (the turn), optionally on top of a KV `context`: `prepare`, then `run`.
 
     `image` (a ComfyUI IMAGE batch, [B, H, W, C] in 0..1) joins the turn as B images before the
@@ -144,10 +159,11 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     run works on a fork. With `advance_context` the result carries a new context holding context +
     turn + every generated block. `advanced` picks the scheduler, window and pins, and may resume
     an earlier advanced run; its state is resumable. `constraint` (a `Constraint`) makes the answer
-    satisfy a JSON Schema, regex or choice; `state.constraint` says whether it did.
+    satisfy a JSON Schema, regex or choice; `state.constraint` says whether it did. `logprobs` fills
+    the result's `logprobs` (dgemma/logprobs.py).
     """
     request = prepare(dm, prompt, knobs, context=context, image=image, advance_context=advance_context,
-                      advanced=advanced, constraint=constraint)
+                      advanced=advanced, constraint=constraint, logprobs=logprobs)
     return run(request, on_frame=on_frame, should_cancel=should_cancel)
 
 
@@ -270,7 +286,8 @@ def _launch(req: Request, on_frame) -> _Item:
     start = resumed_start(req) if resume is not None else fresh_start(req)
     lane = None if start.cache is None else Lane(
         dm.model, start.cache, knobs, start.generator, dm.eos_ids, recorder, on_frame,
-        encode_last=req.advance_context, plan=plan, scheduler=scheduler, guide=req.guide)
+        encode_last=req.advance_context, plan=plan, scheduler=scheduler, guide=req.guide,
+        capture=None if req.logprobs is None else Capture(req.logprobs))
     return _Item(req, plan, scheduler, recorder, start, lane)
 
 
@@ -287,7 +304,9 @@ def _result(item: _Item) -> RunResult:
     config = RunConfig(prompt=req.prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
                        advanced=None if req.plain else req.advanced.record(),
                        constraint=req.constraint.summary() if req.guide is not None else None, **dm.describe())
-    return RunResult(state.text, state, trace, config, _advanced_context(req, start.cache, state, image_record))
+    captured = item.lane.capture.result() if item.lane is not None and item.lane.capture is not None else None
+    return RunResult(state.text, state, trace, config, _advanced_context(req, start.cache, state, image_record),
+                     captured)
 
 
 def _read_result(req: Request, sequence, trace, plan: LoopPlan, start: Start, recorded, image_record) -> CanvasState:

@@ -94,7 +94,12 @@ def literal_ids(tokenizer, text: str) -> list[int]:
 
 
 def render_turn(tokenizer, processor, content, thinking: bool, source: str) -> str:
-    """One user turn and the generation prompt through the checkpoint's template, as text.
+    """One user turn and the generation prompt through the checkpoint's template, as text."""
+    return render_chat(tokenizer, processor, [{"role": "user", "content": content}], thinking, source)
+
+
+def render_chat(tokenizer, processor, messages: list, thinking: bool, source: str) -> str:
+    """Messages and the generation prompt through the checkpoint's template, as text.
 
     transformers renders templates in jinja's sandbox; a template that reaches outside it (for
     `os`, say) is refused by name instead of ending in jinja's SecurityError.
@@ -103,8 +108,7 @@ def render_turn(tokenizer, processor, content, thinking: bool, source: str) -> s
 
     try:
         return _renderer(tokenizer, processor).apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False,
-            enable_thinking=thinking)
+            messages, add_generation_prompt=True, tokenize=False, enable_thinking=thinking)
     except SecurityError as err:
         raise ValueError(f"the chat template of {source!r} reaches outside jinja's sandbox ({err}); a template "
                          "that does that is unsafe, so the checkpoint is refused; restore its original "

@@ -117,10 +117,14 @@ def _bits(mask) -> str | None:
 
 
 def step_json(frame: Frame) -> dict:
-    """One step: what the trace stores of it (ids, committed/stop/pinned masks, entropy, t, T)."""
-    return {"block": frame.block, "step": frame.step, "t": frame.t, "T": frame.temperature,
-            "ids": frame.ids.tolist(), "committed": _bits(frame.committed), "stop": _bits(frame.stop),
-            "pinned": _bits(frame.pinned), "entropy": _b64(frame.entropy.astype("<f2"))}
+    """One step: what the trace stores of it (ids, committed/stop/pinned masks, entropy, t, T, and what a
+    constraint changed, only when the run has one)."""
+    out = {"block": frame.block, "step": frame.step, "t": frame.t, "T": frame.temperature,
+           "ids": frame.ids.tolist(), "committed": _bits(frame.committed), "stop": _bits(frame.stop),
+           "pinned": _bits(frame.pinned), "entropy": _b64(frame.entropy.astype("<f2"))}
+    if frame.constrained is not None:
+        out["constrained"] = _bits(frame.constrained)
+    return out
 
 
 def step_row(data: dict, canvas_length: int, vocab_size: int) -> Row:
@@ -132,8 +136,9 @@ def step_row(data: dict, canvas_length: int, vocab_size: int) -> Row:
         bad = entropy[~(np.isfinite(entropy) & (entropy >= 0))][0]
         raise WireError("entropy", "finite and >= 0 at every position", float(bad))
     masks = [_packed(data, name, nbytes, none=name != "committed") for name in ("committed", "stop", "pinned")]
+    masks.append(_packed(data, "constrained", nbytes, none=True) if "constrained" in data else None)  # only if asked
     return Row(integer(data, "block", 0, 2**15 - 1), integer(data, "step", 0, 2**15 - 1), ids, masks[0], entropy,
-               masks[1], masks[2], real(data, "t", 0.0, 1.0), real(data, "T", 0.0, MAX_TEMPERATURE), 0)
+               masks[1], masks[2], real(data, "t", 0.0, 1.0), real(data, "T", 0.0, MAX_TEMPERATURE), 0, masks[3])
 
 
 def row_frame(row: Row, canvas_length: int) -> Frame:

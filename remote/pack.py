@@ -30,6 +30,13 @@ def image_json(image) -> dict:
     return {"shape": list(data.shape), "data": base64.b64encode(data.tobytes()).decode("ascii")}
 
 
+def constraint_json(constraint) -> dict:
+    """The body's constraint field (none for no constraint): the server compiles it as a local run would."""
+    if constraint is None or not constraint.active:
+        return {}
+    return {"constraint": {"kind": constraint.kind, "text": constraint.text}}
+
+
 def refused(err: RemoteRefusal) -> Exception:
     """A server's 400 naming a field is the engine's InputError; anything else stays a RemoteError."""
     return InputError(err.param, err.message) if err.status == 400 and err.param else err
@@ -39,6 +46,7 @@ class PackBackend:
     """Runs, encodes and checks on the pack's server at `remote`."""
 
     dialect = "pack"
+    takes_constraints = True  # the server compiles the constraint and checks it before its first step
 
     def __init__(self, remote):
         self.remote = remote
@@ -72,8 +80,8 @@ class PackBackend:
                                              "into both samplers")
         check_continues(resume, model, prompt, context)
 
-    def body(self, model, prompt, knobs, context, image, advance_context, advanced) -> dict:
-        ext = {"knobs": knobs.asdict(), "advance_context": advance_context}
+    def body(self, model, prompt, knobs, context, image, advance_context, advanced, constraint=None) -> dict:
+        ext = {"knobs": knobs.asdict(), "advance_context": advance_context, **constraint_json(constraint)}
         if context is not None:
             ext["context"] = context.handle
         if image is not None:
@@ -87,13 +95,13 @@ class PackBackend:
                 "dgemma": ext}
 
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
-            advance_context=False, advanced=None) -> RunResult:
+            advance_context=False, advanced=None, constraint=None) -> RunResult:
         """One run on the server; each streamed step reaches `on_frame` as the Frame a local run gives.
         Every step and the result are checked against the request (remote/verify.py) before use."""
         resume = advanced.resume if advanced is not None else None
         rows, final, L = list(resume.recorded.rows) if resume is not None else [], None, model.canvas_length
-        asked = Asked(prompt, knobs, context, image is not None, advanced, advance_context, L)
-        body = self.body(model, prompt, knobs, context, image, advance_context, advanced)
+        asked = Asked(prompt, knobs, context, image is not None, advanced, advance_context, L, constraint)
+        body = self.body(model, prompt, knobs, context, image, advance_context, advanced, constraint)
         new = 0
         try:
             for chunk in self.remote.stream(CHAT, body, should_cancel, asked.max_events):
@@ -137,7 +145,7 @@ class PackBackend:
         strings = model.token_strings
         state, trace, config, recorded = result_parts(final, rows, model.canvas_length, strings, len(strings))
         check_echo(config, state, asked)
-        check_ids(state, rows, strings)
+        check_ids(state, rows, strings, asked.constraint)
         handle, made = text_field(final, "resume", 128, none=True), obj(final, "context", none=True)
         if handle is not None and asked.advanced is None:
             raise WireError("resume", "null for a run without a window", handle)

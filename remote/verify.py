@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ..dgemma.loop import num_blocks
+from ..dgemma.one_value import one_value
 from ..dgemma.tokens import REPLACEMENT
 from ..dgemma.wire import WireError, integer, obj, short, text
 from .model import RemoteContext
@@ -30,6 +31,11 @@ class Asked:
     advanced: object
     advance_context: bool
     canvas_length: int
+    constraint: object = None  # dgemma.constraint.Constraint, or None
+
+    @property
+    def constraint_summary(self) -> dict | None:
+        return self.constraint.summary() if self.constraint is not None and self.constraint.active else None
 
     @property
     def blocks(self) -> int:
@@ -53,7 +59,7 @@ def check_step(row, previous, asked: Asked) -> None:
 
 
 def check_echo(config, state, asked: Asked) -> None:
-    """The run's config says what was asked: prompt, every knob, context, image, window; no constraint."""
+    """The run's config says what was asked: prompt, every knob, context, image, window, constraint."""
     sent = asked.knobs.asdict()
     for name, value in sent.items():
         if getattr(config.knobs, name) != value:
@@ -62,15 +68,15 @@ def check_echo(config, state, asked: Asked) -> None:
     for name, got, expected in (("prompt", config.prompt, asked.prompt), ("context", config.context, want),
                                 ("image", config.image is not None, asked.image),
                                 ("advanced", config.advanced is not None, asked.advanced is not None),
-                                ("constraint", config.constraint, None)):
+                                ("constraint", config.constraint, asked.constraint_summary)):
         if got != expected:
             raise WireError(f"config.{name}", f"{short(expected)} as asked", got)
     if asked.advanced is not None:
         _check_window(config.advanced, asked.advanced)
     elif state.paused:
         raise WireError("state.paused", "false for a run without a window", True)
-    if state.constraint is not None:
-        raise WireError("state.constraint", "null (no constraint was asked)", state.constraint)
+    if (state.constraint is not None) != (asked.constraint_summary is not None):
+        raise WireError("state.constraint", "a verdict exactly when a constraint was asked", state.constraint)
 
 
 def _check_window(record: dict, advanced) -> None:
@@ -85,7 +91,7 @@ def _check_window(record: dict, advanced) -> None:
                         record.get("resumed_from"))
 
 
-def check_ids(state, rows, strings) -> None:
+def check_ids(state, rows, strings, constraint=None) -> None:
     """raw_ids are the last canvas of each block, the answer's ids come from them, the text spells them."""
     last = [r.ids.tolist() for r, nxt in zip(rows, [*rows[1:], None]) if nxt is None or nxt.block != r.block]
     if list(state.raw_ids) != [i for canvas in last for i in canvas]:
@@ -93,7 +99,8 @@ def check_ids(state, rows, strings) -> None:
     left = iter(state.raw_ids)
     if not all(any(i == j for j in left) for i in state.answer_ids):
         raise WireError("state.answer_ids", "ids taken in order from raw_ids", state.answer_ids)
-    if not spells(state.text, state.answer_ids, strings):
+    one = one_value(constraint) if constraint is not None and constraint.active else None
+    if not spells(one.written(state.text) if one is not None else state.text, state.answer_ids, strings):
         shown = "".join(strings[i] for i in state.answer_ids)
         raise WireError("state.text", f"what its answer_ids spell ({short(shown)})", state.text)
 

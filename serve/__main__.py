@@ -71,6 +71,9 @@ def parse(argv):
                         "(repeatable)")
     p.add_argument("--allow-origin", action="append", type=origin_arg, default=[], metavar="ORIGIN",
                    help="a web page origin allowed to call the server, with CORS (repeatable; none by default)")
+    p.add_argument("--lenient", action="store_true",
+                   help="ignore request fields the server does not implement (tools, temperature, ...) with an "
+                        "X-DGemma-Warning header instead of a 400")
     return p.parse_args(argv)
 
 
@@ -125,7 +128,7 @@ def run(args, token: str, sock: socket.socket) -> int:
         return 2
     engine = Engine(dm, name if name == DEMO_NAME else Path(name).name or name, max_queue=args.max_queue)
     policy = Policy.of(token, args.host, args.allowed_host, args.allow_origin)
-    app = build_app(engine, policy, args.max_body_mb * 2**20)
+    app = build_app(engine, policy, args.max_body_mb * 2**20, lenient=args.lenient)
     return serve(app, args.host, sock)
 
 

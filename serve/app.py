@@ -18,6 +18,7 @@ from aiohttp import web
 from ..dgemma.errors import InputError
 from ..dgemma.loop import Cancelled
 from ..dgemma.wire import step_json
+from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
 from .decide import decide
 from .requests import UnknownModel, context_of, job_of
@@ -27,6 +28,7 @@ from .safety import PREFLIGHT_HEADERS, Policy, json_content
 ENGINE = web.AppKey("engine", Engine)
 POLICY = web.AppKey("policy", Policy)
 CONNECTIONS = web.AppKey("connections", Connections)
+LENIENT = web.AppKey("lenient", bool)
 MAX_MESSAGE = 600  # characters of an error message: a client's huge value is never echoed whole
 
 
@@ -157,13 +159,14 @@ async def contexts(request):
 
 async def chat(request):
     engine = request.app[ENGINE]
-    job = job_of(await body_of(request), engine.contexts, engine.resumes, engine.model_id)
+    job = job_of(await body_of(request), engine.contexts, engine.resumes, engine.model_id, request.app[LENIENT])
+    ids = engine.render(job)
     if not engine.admit():
         return busy(engine)
     try:
         if job.stream:
-            return await stream(request, engine, job)
-        return await complete(request, engine, job)
+            return await stream(request, engine, job, ids)
+        return await complete(request, engine, job, ids)
     finally:
         engine.release()
 
@@ -172,40 +175,61 @@ def head() -> dict:
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk", "created": int(time.time())}
 
 
-async def complete(request, engine, job):
-    loop, steps = asyncio.get_running_loop(), []
-    result, meta, wall = await loop.run_in_executor(engine.worker, engine.run, job,
-                                                    lambda f: steps.append(step_json(f)), Cancel(request))
-    state = result.state
-    message = {"role": "assistant", "content": result.text, "reasoning_content": state.thought}
-    return web.json_response({
-        "id": head()["id"], "object": "chat.completion", "created": int(time.time()), "model": engine.model_id,
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop" if state.turn_closed else "length"}],
-        "usage": {"completion_tokens": len(state.raw_ids), "total_tokens": len(state.raw_ids)},
-        "timings": timings(state, engine.dm.canvas_length, wall), "dgemma": {**meta, "steps": steps}})
+def warned(job) -> dict:
+    """The --lenient warning header: the fields ignored, each with the reason."""
+    if not job.warnings:
+        return {}
+    text = "; ".join(job.warnings).encode("ascii", "replace").decode()
+    return {"X-DGemma-Warning": text[:MAX_MESSAGE]}
 
 
-async def stream(request, engine, job):
-    """SSE: role, one diffusion_frame per step, reasoning, content, usage + timings, finish, [DONE]."""
+def answers_of(engine, job, results) -> list:
+    return [answer_of(engine.dm, result, job.stop, job.logprobs) for result in results]
+
+
+async def complete(request, engine, job, ids):
+    loop, steps = asyncio.get_running_loop(), [[] for _ in range(job.n)]
+    results, metas, wall, prompt_tokens = await loop.run_in_executor(
+        engine.worker, engine.run, job, ids, lambda i, f: steps[i].append(step_json(f)), Cancel(request))
+    choices, answers = [], answers_of(engine, job, results)
+    for i, answer in enumerate(answers):
+        message = {"role": "assistant", "content": answer.text, "reasoning_content": answer.thought}
+        choice = {"index": i, "message": message, "logprobs": answer.logprobs, "finish_reason": answer.finish}
+        if job.n > 1:
+            choice["dgemma"] = {**metas[i], "steps": steps[i]}
+        choices.append(choice)
+    body = {"id": head()["id"], "object": "chat.completion", "created": int(time.time()), "model": engine.model_id,
+            "choices": choices, "usage": usage(prompt_tokens, answers),
+            "timings": timings(results[0].state, engine.dm.canvas_length, wall)}
+    if job.n == 1:
+        body["dgemma"] = {**metas[0], "steps": steps[0]}
+    return web.json_response(body, headers=warned(job))
+
+
+async def stream(request, engine, job, ids):
+    """SSE: role, one diffusion_frame per step (its choice's index), reasoning, content, finish, usage +
+    timings, [DONE]."""
     loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), Cancel(request)
     top = {**head(), "model": engine.model_id}
     chunk = engine.frame_chunk(top, job.knobs.num_inference_steps)
-    on_frame = lambda frame: loop.call_soon_threadsafe(queue.put_nowait, chunk(frame))
-    run = loop.run_in_executor(engine.worker, engine.run, job, on_frame, cancel)
+    on_frame = lambda index, frame: loop.call_soon_threadsafe(queue.put_nowait, chunk(index, frame))
+    run = loop.run_in_executor(engine.worker, engine.run, job, ids, on_frame, cancel)
     run.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
     first = await queue.get()
     if first is None and run.exception() is not None:
         raise run.exception()  # refused before any step: a plain 4xx (an InputError) or a 500
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **warned(job)})
     try:
         await response.prepare(request)
-        await response.write(sse({**top, "choices": [{"index": 0, "delta": {"role": "assistant"},
-                                                      "finish_reason": None}]}))
+        for i in range(job.n):
+            await response.write(sse({**top, "choices": [{"index": i, "delta": {"role": "assistant"},
+                                                          "finish_reason": None}]}))
         item = first
         while item is not None:
             await response.write(item)
             item = await queue.get()
-        await response.write(ending(top, engine, run))
+        await response.write(ending(top, engine, job, run))
     except ConnectionError:
         cancel.event.set()  # the client went away: the run stops at its next step; nobody reads an answer
     except asyncio.CancelledError:
@@ -214,32 +238,34 @@ async def stream(request, engine, job):
     return response
 
 
-def ending(top: dict, engine, run) -> bytes:
-    """The stream's tail after the last step: the answer and readings, or the error that ended it."""
+def ending(top: dict, engine, job, run) -> bytes:
+    """The stream's tail after the last step: each choice's answer and readings, or the error that ended it."""
     if run.exception() is not None:
         err = run.exception()
         param = err.name if isinstance(err, InputError) else None
         return sse({**top, "error": {"message": clip(str(err)), "type": type(err).__name__, "param": param}}) + \
             b"data: [DONE]\n\n"
-    result, meta, wall = run.result()
-    state, pieces = result.state, []
-    delta = lambda d, finish=None: {**top, "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
-    if state.thought:
-        pieces.append(sse(delta({"reasoning_content": state.thought})))
-    if result.text:
-        pieces.append(sse(delta({"content": result.text})))
-    pieces.append(sse({**top, "choices": [], "usage": {"completion_tokens": len(state.raw_ids),
-                                                       "total_tokens": len(state.raw_ids)},
-                       "timings": timings(state, engine.dm.canvas_length, wall)}))
-    final = delta({}, "stop" if state.turn_closed else "length")
-    pieces.append(sse({**final, "dgemma": meta}))
+    results, metas, wall, prompt_tokens = run.result()
+    answers, pieces = answers_of(engine, job, results), []
+    delta = lambda i, d, finish=None, **more: {**top, "choices": [{"index": i, "delta": d, **more,
+                                                                   "finish_reason": finish}]}
+    for i, answer in enumerate(answers):
+        if answer.thought:
+            pieces.append(sse(delta(i, {"reasoning_content": answer.thought})))
+        if answer.text or answer.logprobs is not None:
+            pieces.append(sse(delta(i, {"content": answer.text}, logprobs=answer.logprobs)))
+    for i, answer in enumerate(answers):
+        pieces.append(sse({**delta(i, {}, answer.finish), "dgemma": metas[i]}))
+    pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers),  # last, as OpenAI sends it
+                       "timings": timings(results[0].state, engine.dm.canvas_length, wall)}))
     return b"".join(pieces) + b"data: [DONE]\n\n"
 
 
 def build_app(engine: Engine, policy: Policy | None = None, max_body: int = 64 * 2**20,
-              connections: Connections | None = None) -> web.Application:
+              connections: Connections | None = None, lenient: bool = False) -> web.Application:
+    """The server's routes; `lenient` turns refusals of unimplemented fields into a warning header."""
     app = web.Application(middlewares=[guard], client_max_size=max_body)
-    app[ENGINE], app[POLICY] = engine, policy or Policy()
+    app[ENGINE], app[POLICY], app[LENIENT] = engine, policy or Policy(), lenient
     app[CONNECTIONS] = connections or Connections()
     app.on_response_prepare.append(cors)
     app.router.add_get("/health", health)

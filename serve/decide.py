@@ -16,7 +16,8 @@ from aiohttp import web
 from ..dgemma.decide import KNOB_NAMES, prepare_decision, run_decision
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import Knobs
-from .requests import MAX_PROMPT_CHARS, image_tensor, url_images
+from .messages import MAX_PROMPT_CHARS
+from .requests import image_tensor, url_images
 
 FIELDS = ("prompt", "options", "samples", "knobs", "context", "image", "trace")
 

@@ -1,9 +1,10 @@
-"""An OpenAI chat request into the engine's run: prompt, knobs, advanced options, context, image.
+"""An OpenAI chat request into the engine's run: messages, knobs, constraint, choices, advanced options,
+context, image.
 
-A strict OpenAI client sends only `messages` (and maybe `seed`, `max_tokens`) and gets the
-defaults; this pack's client sends every knob in the `dgemma` object. Every field is checked for
-its exact JSON type (no "false" taken as true, no 1.5 as a seed); refusals are InputErrors naming
-the field, raised before any model work.
+A strict OpenAI client sends OpenAI's fields and gets the defaults for the rest; this pack's client
+sends every knob in the `dgemma` object. Every field is checked for its exact JSON type (no "false"
+taken as true, no 1.5 as a seed), and a field the server does not implement is refused by name
+(serve/fields.py); refusals are InputErrors naming the field, raised before any model work.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS, knobs_from
+from ..dgemma.knobs import KNOBS, SEED_MAX, knobs_from
+from ..dgemma.logprobs import MAX_TOP
 from ..dgemma.pictures import MAX_PIXELS, read_picture
 from ..dgemma.resume import AUTO, WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import Scheduling
-from ..dgemma.vision import MAX_IMAGES
+from .fields import unsupported
+from .messages import turns_of
+from .structured import constraint_of
 
-MAX_MESSAGES = 64
-MAX_PROMPT_CHARS = 200_000  # the engine refuses a turn over its token limit; this bounds the text first
 MAX_IMAGE_VALUES = 4 * 4096 * 4096
-EXTENSION_FIELDS = ("knobs", "advance_context", "context", "image", "advanced")
+MAX_N = 16         # choices per request, denoised as one batch
+MAX_STOPS, MAX_STOP_CHARS = 4, 200
+EXTENSION_FIELDS = ("knobs", "advance_context", "context", "image", "advanced", "constraint")
 ADVANCED_FIELDS = ("scheduler", "start_step", "end_step", "pins", "resume")
 CONTEXT_FIELDS = ("text", "onto", "image")
 _REPR = reprlib.Repr()  # bounded: a client's huge or deep value shows as its first few items
@@ -39,12 +43,18 @@ class UnknownModel(InputError):
 
 @dataclass
 class Job:
-    """What one request asks the engine to run."""
+    """What one request asks the engine to run: `n` choices, seeds knobs.seed, seed+1, ..."""
 
     prompt: str
     knobs: object
-    options: dict = field(default_factory=dict)  # context, image, advanced, advance_context
+    options: dict = field(default_factory=dict)  # context, image, advanced, advance_context, constraint
     stream: bool = False
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # alternatives per answer token, when log-probabilities were asked for
+    chat: tuple | None = None    # the conversation (dgemma.chat.Message), when more than one user turn
+    constraint_field: str | None = None  # the request field the constraint came from
+    warnings: list = field(default_factory=list)  # fields ignored under --lenient
 
 
 def show(value) -> str:
@@ -71,39 +81,6 @@ def only(obj: dict, allowed: tuple, name: str) -> None:
     unknown = sorted(k for k in obj if k not in allowed)
     _need(not unknown, name, f"{name} has an unknown field {show(unknown[0]) if unknown else ''}; its fields are "
                              f"{', '.join(allowed)}")
-
-
-def _text_of(content) -> tuple[str, list]:
-    """(text, image parts) of a message's content: a string, or OpenAI content parts."""
-    if isinstance(content, str):
-        return content, []
-    _need(isinstance(content, list), "messages", f"a message's content must be text or a list of parts, got "
-                                                 f"{show(content)}")
-    texts, images = [], []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        _need(kind in ("text", "image_url"), "messages", f"content parts must be text or image_url, got {show(kind)}")
-        if kind == "text":
-            _need(isinstance(part.get("text"), str), "messages", "a text part needs a string 'text'")
-            texts.append(part["text"])
-        else:
-            images.append(part.get("image_url"))
-    _need(len(images) <= MAX_IMAGES, "image", f"{len(images)} images in one turn, over the limit of {MAX_IMAGES}")
-    return "".join(texts), images
-
-
-def prompt_of(body: dict) -> tuple[str, list]:
-    """The one user turn this engine runs; earlier turns belong in a KV context."""
-    messages = body.get("messages")
-    _need(isinstance(messages, list) and 0 < len(messages) <= MAX_MESSAGES, "messages",
-          f"messages must be a list of 1 to {MAX_MESSAGES} messages")
-    _need(len(messages) == 1 and isinstance(messages[0], dict) and messages[0].get("role") == "user", "messages",
-          "this server runs one user turn: send exactly one message with role 'user'; encode earlier turns "
-          "or a system text as a KV context (POST /v1/dgemma/contexts)")
-    text, images = _text_of(messages[0].get("content"))
-    _need(len(text) <= MAX_PROMPT_CHARS, "messages", f"the prompt is {len(text)} characters, over the limit "
-                                                     f"of {MAX_PROMPT_CHARS}; shorten it")
-    return text, images
 
 
 def _base64(data: str, name: str) -> bytes:
@@ -163,6 +140,7 @@ def knobs_of(body: dict, ext: dict):
         if "gen_length" not in values and tokens is not None:
             values["gen_length"] = tokens
     kwargs = typed(body, "chat_template_kwargs", dict, "an object") or {}
+    only(kwargs, ("enable_thinking",), "chat_template_kwargs")
     thinking = typed(kwargs, "enable_thinking", bool, "true or false", "chat_template_kwargs")
     if "thinking" not in values and thinking is not None:
         values["thinking"] = thinking
@@ -193,27 +171,70 @@ def check_model(body: dict, served: str) -> None:
         raise UnknownModel("model", f"model {show(asked)} is not served here; this server serves {served!r}")
 
 
-def job_of(body, contexts, resumes, served: str) -> Job:
+def job_of(body, contexts, resumes, served: str, lenient: bool = False) -> Job:
     """The run a chat request asks for; every field checked, nothing run."""
     _need(isinstance(body, dict), "body", f"the body must be a JSON object, got {type(body).__name__}")
     check_model(body, served)
+    warnings = unsupported(body, lenient)
     stream = typed(body, "stream", bool, "true or false") or False
     ext = typed(body, "dgemma", dict, "an object") or {}
     only(ext, EXTENSION_FIELDS, "dgemma")
-    prompt, parts = prompt_of(body)
+    turns = turns_of(body)
     options = {"advance_context": typed(ext, "advance_context", bool, "true or false") or False}
     context = typed(ext, "context", str, "a context handle (text)")
     if context is not None:
         options["context"] = contexts.get("context", context)
+    parts = turns.images
     _need(ext.get("image") is None or not parts, "image", "send the image once: either dgemma.image or "
                                                           "image_url parts, not both")
+    _need(ext.get("image") is None or turns.chat is None, "image", "with more than one message, send pictures as "
+                                                                   "image_url parts of a user message")
     if ext.get("image") is not None:
         options["image"] = image_tensor(ext["image"])
     elif parts:
         options["image"] = url_images(parts)
     if ext.get("advanced") is not None:
         options["advanced"] = advanced_of(ext["advanced"], resumes)
-    return Job(prompt, knobs_of(body, ext), options, stream)
+    constraint, source = constraint_of(body, ext)
+    if constraint is not None:
+        options["constraint"] = constraint
+    knobs = knobs_of(body, ext)
+    n = choices_of(body, knobs, options)
+    return Job(turns.prompt, knobs, options, stream, n, stops_of(body), logprobs_of(body), turns.chat, source,
+               warnings)
+
+
+def choices_of(body: dict, knobs, options: dict) -> int:
+    n = typed(body, "n", int, "an integer")
+    n = 1 if n is None else n
+    _need(1 <= n <= MAX_N, "n", f"n must be from 1 to {MAX_N} (choices are denoised as one batch), got {show(n)}")
+    _need(knobs.seed + n - 1 <= SEED_MAX, "n", f"choice i runs with seed + i, and seed {knobs.seed} + {n - 1} is "
+                                               f"over {SEED_MAX}; lower the seed or n")
+    advanced = options.get("advanced")
+    _need(n == 1 or advanced is None or advanced.resume is None, "n", "a resumed run continues one canvas: send "
+                                                                      "n 1 with dgemma.advanced.resume")
+    return n
+
+
+def stops_of(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    _need(isinstance(stops, list) and len(stops) <= MAX_STOPS, "stop", f"stop must be a string or a list of at "
+                                                                       f"most {MAX_STOPS} strings, got {show(stop)}")
+    for text in stops:
+        _need(isinstance(text, str) and 0 < len(text) <= MAX_STOP_CHARS, "stop",
+              f"each stop must be a string of 1 to {MAX_STOP_CHARS} characters, got {show(text)}")
+    return tuple(stops)
+
+
+def logprobs_of(body: dict) -> int | None:
+    """None, or how many alternatives (top_logprobs) each answer token lists with its log-probability."""
+    asked = typed(body, "logprobs", bool, "true or false") or False
+    top = typed(body, "top_logprobs", int, "an integer")
+    _need(top is None or 0 <= top <= MAX_TOP, "top_logprobs", f"top_logprobs must be from 0 to {MAX_TOP}, got "
+                                                              f"{show(top)}")
+    _need(top is None or asked, "top_logprobs", "top_logprobs needs logprobs: true")
+    return (top or 0) if asked else None
 
 
 def context_of(body, contexts) -> tuple[str, object, object]:

@@ -1,11 +1,13 @@
 """The server's engine side: one model, the handles it keeps, and one run at a time.
 
-Runs go through `dgemma.backend` (the one door to the engine) on a single worker thread; each
-step is turned into its SSE chunk on that thread, so the event loop only writes bytes.
+Runs go through the engine's `prepare` and `run_batch` (a request's `n` choices are one batch) on a
+single worker thread; each step is turned into its SSE chunk on that thread, so the event loop only
+writes bytes. A conversation (a system message, earlier turns) is encoded as a KV context first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import threading
@@ -14,8 +16,12 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from ..dgemma.backend import backend_of
+from ..dgemma.chat import chat_ids
+from ..dgemma.context import encode_chat
 from ..dgemma.errors import InputError
+from ..dgemma.run import prepare, run_batch
 from ..dgemma.wire import result_json, step_json
+from .structured import checked
 
 
 class Handles:
@@ -86,29 +92,49 @@ class Engine:
                 "protocol": 1, **dm.describe(), "model_source": self.model_id}
 
     def frame_chunk(self, head: dict, steps: int):
-        """on_frame for one run: the step as a diffusion_frame chunk (the shim's fields, plus the trace's)."""
+        """on_frame(index, frame) of a job: the step of choice `index` as a diffusion_frame chunk (the shim's
+        fields, plus the trace's)."""
         strings = self.dm.token_strings
 
-        def chunk(frame) -> bytes:
+        def chunk(index: int, frame) -> bytes:
             text = "".join(strings[i] for i in frame.ids.tolist())
-            return sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": None}],
+            return sse({**head, "choices": [{"index": index, "delta": {}, "finish_reason": None}],
                         "type": "diffusion_frame", "block": frame.block, "step": frame.step, "total": steps,
                         "text": text, "dgemma": step_json(frame)})
         return chunk
 
-    def run(self, job, on_frame, should_cancel) -> tuple[object, dict, float]:
-        """Run a job on the worker thread: (RunResult, its result_json, wall seconds)."""
+    def render(self, job) -> list[int] | None:
+        """A conversation's ids through the model's template (None for one user turn); refusals before any run."""
+        if job.chat is None:
+            return None
+        return chat_ids(self.dm, job.chat, job.knobs.thinking, with_bos=job.options.get("context") is None)
+
+    def run(self, job, ids, on_frame, should_cancel) -> tuple[list, list[dict], float, int]:
+        """Run a job's choices as one batch on the worker thread, `ids` its rendered conversation (or None):
+        (RunResults, their result_json, wall seconds, prompt tokens)."""
         start = time.perf_counter()
-        result = self.backend.run(self.dm, job.prompt, job.knobs, on_frame=on_frame, should_cancel=should_cancel,
-                                  **job.options)
+        options, prompt, held = dict(job.options), job.prompt, 0
+        if ids is not None:
+            onto = options.get("context")
+            context = encode_chat(self.dm, ids, options.pop("image", None), onto, should_cancel)
+            options["context"], prompt = context, ""
+            held = context.length - (onto.length if onto is not None else 0)
+        knobs = [dataclasses.replace(job.knobs, seed=job.knobs.seed + i) for i in range(job.n)]
+        requests = checked(job.constraint_field or "constraint", lambda: [
+            prepare(self.dm, prompt, k, logprobs=job.logprobs, **options) for k in knobs])
+        results = run_batch(requests, on_frame=on_frame, should_cancel=should_cancel)
         wall = time.perf_counter() - start
+        return results, [self._meta(r) for r in results], wall, held + len(requests[0].turn)
+
+    def _meta(self, result) -> dict:
+        """A result's result_json, its resume and context kept under new handles."""
         resume = result.state.resume
         handle = self.resumes.put(resume) if resume is not None else None
         context = None
         if result.context is not None:
             context = {"handle": self.contexts.put(result.context), "length": result.context.length,
                        "summary": result.context.summary()}
-        return result, result_json(result, handle, context), wall
+        return result_json(result, handle, context)
 
     def encode(self, text, onto, image, should_cancel) -> dict:
         cache = self.backend.encode(self.dm, text, onto=onto, should_cancel=should_cancel, image=image)

@@ -242,8 +242,8 @@ def test_bad_requests_get_4xx_with_a_reason_and_the_server_lives_on():
     with served("--max-body-mb", "1") as (url, _):
         chat = "/v1/chat/completions"
         cases = [(b"\xff\xfe garbage", 400, "not JSON"), (b"[1, 2]", 400, "JSON object"),
-                 (b'{"messages": "hi"}', 400, "messages"), (b'{"messages": [{"role": "system", "content": "x"}]}',
-                                                              400, "one user turn"),
+                 (b'{"messages": "hi"}', 400, "messages"), (b'{"messages": [{"role": "tool", "content": "x"}]}',
+                                                              400, "role 'tool'"),
                  (json.dumps({"messages": [{"role": "user", "content": "x"}],
                               "dgemma": {"knobs": {"sed": 1}}}).encode(), 400, "sed is not a knob"),
                  (json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": -3}).encode(), 400, "seed"),
@@ -318,8 +318,8 @@ def test_a_strict_openai_client_gets_the_defaults_and_the_shims_stream_shape(rem
     assert frames[0]["total"] == 48 and len(frames[0]["dgemma"]["ids"]) == remote.canvas_length
     tail = chunks[len(frames) + 1:]
     assert tail[0]["choices"][0]["delta"] == {"content": "seven"}
-    assert tail[1]["choices"] == [] and tail[1]["timings"]["diffusion_steps"] == len(frames)
-    assert tail[2]["choices"][0]["finish_reason"] == "stop"
+    assert tail[1]["choices"][0]["finish_reason"] == "stop"
+    assert tail[2]["choices"] == [] and tail[2]["timings"]["diffusion_steps"] == len(frames)
 
 
 def test_a_prompt_list_on_a_remote_model_runs_item_by_item_to_the_local_batchs_outputs(demo_model, remote):
