@@ -50,12 +50,12 @@ def run_items(model, items, *, on_frame=None, on_settled=None, should_cancel=Non
     return results
 
 
-def constraint_options(model, constraint, gen_length: int) -> dict:
-    """The run options a constraint adds, checked before any work: none when it is empty."""
+def constraint_options(model, constraint, gen_length: int, should_cancel=None) -> dict:
+    """The run options a constraint adds, checked (compiled) before any work: none when it is empty."""
     if constraint is None or not getattr(constraint, "active", True):
         return {}
     if backend_of(model) is not LOCAL:
         raise InputError("constraint", f"{model} is a remote model, and constrained answers run only in this "
                                        "process for now; load the model with DGemmaLoader, or leave constraint empty")
-    guide_for(model, constraint, gen_length)
+    guide_for(model, constraint, gen_length, should_cancel)
     return {"constraint": constraint}

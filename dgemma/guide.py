@@ -159,8 +159,9 @@ class _Unconstrained:
 UNCONSTRAINED = _Unconstrained()
 
 
-def guide_for(dm, constraint, gen_length: int) -> Guide | None:
-    """The run's guide (None for no constraint); refuses an answer that cannot fit, before any model work."""
+def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> Guide | None:
+    """The run's guide (None for no constraint); refuses an answer that cannot fit, before any model work.
+    `should_cancel` stops the constraint's compile."""
     from .constraint import Constraint, automaton
     from .errors import InputError
 
@@ -171,7 +172,7 @@ def guide_for(dm, constraint, gen_length: int) -> Guide | None:
     if not constraint.active:
         return None
     blocks = math.ceil(gen_length / dm.canvas_length)
-    found = automaton(dm, constraint)
+    found = automaton(dm, constraint, should_cancel)
     need, positions = found.dist[START], blocks * dm.canvas_length
     if need == math.inf:
         raise InputError("constraint", "no answer this model's tokenizer can write satisfies the constraint; "

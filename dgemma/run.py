@@ -114,9 +114,10 @@ class Request:
 
 
 def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
-            advance_context: bool = False, advanced: Advanced | None = None, constraint=None) -> Request:
+            advance_context: bool = False, advanced: Advanced | None = None, constraint=None,
+            should_cancel: Callable[[], bool] | None = None) -> Request:
     """Check every input once (model, text, image, context, knobs, window, pins, resume, constraint)
-    before any model work."""
+    before any model work; `should_cancel` stops a constraint's compile."""
     check_inputs(dm, prompt, knobs, context, image)
     plain = advanced is None
     advanced = Advanced() if plain else advanced
@@ -125,7 +126,7 @@ def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=Non
         check_image_tensor("image", image)
         check_vision("image", dm)
     plan = check_advanced(dm, prompt, knobs, context, advanced, image)
-    guide = guide_for(dm, constraint, knobs.gen_length)
+    guide = guide_for(dm, constraint, knobs.gen_length, should_cancel)
     images = prepare_images(dm, image) if image is not None and resume is None else None
     turn = tuple(turn_ids(dm, prompt, knobs, context, images)) if resume is None else ()
     return Request(dm, prompt, knobs, context, advanced, plain, plan, turn, images, advance_context,
@@ -146,7 +147,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     satisfy a JSON Schema, regex or choice; `state.constraint` says whether it did.
     """
     request = prepare(dm, prompt, knobs, context=context, image=image, advance_context=advance_context,
-                      advanced=advanced, constraint=constraint)
+                      advanced=advanced, constraint=constraint, should_cancel=should_cancel)
     return run(request, on_frame=on_frame, should_cancel=should_cancel)
 
 

@@ -187,7 +187,7 @@ class Engine:
                 mine = dataclasses.replace(knobs, seed=(knobs.seed + index) % 2**64)
                 try:
                     requests.append(prepare(dm, prompt, mine, context=context, image=req.image, advanced=advanced,
-                                            constraint=req.constraint))
+                                            constraint=req.constraint, should_cancel=run.cancel.is_set))
                 except InputError as err:
                     raise InputError(err.name, f"prompts item {index}: {err}") from None
 

@@ -107,7 +107,7 @@ def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image
     with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
-        options = constraint_options(model, constraint, knobs.gen_length)
+        options = constraint_options(model, constraint, knobs.gen_length, host.check_interrupt)
     options = {"context": kv_cache, "image": image, "advance_context": advance, "advanced": advanced, **options}
     return Call(model, prompt, knobs, advanced, options, advance)
 
