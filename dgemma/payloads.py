@@ -159,7 +159,8 @@ class RunConfig:
             f"{k.entropy_bound:g} · confidence {k.confidence:g} · gen_length {k.gen_length} · thinking "
             f"{'on' if k.thinking else 'off'}",
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
-            f"context: {context}{images}", *extra])
+            f"context: {context}{images}", *extra,
+            *(f"warning: {w}" for w in (self.image or {}).get("warnings", ()))])
 
     def asdict(self) -> dict:
         return {"prompt": self.prompt, **self.knobs.asdict(), "model_source": self.model_source,
