@@ -40,6 +40,9 @@ class DGemmaPromptList:
 
     @classmethod
     def VALIDATE_INPUTS(cls, prompts):
+        """The lines, when the graph is queued; linked text (None here) is checked when the node runs."""
+        if prompts is None:
+            return True
         try:
             split_prompts(prompts)
         except InputError as err:

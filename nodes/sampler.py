@@ -28,6 +28,7 @@ from .schema import (
     model_input,
     naming_item,
     output_spec,
+    validate_knobs,
 )
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
@@ -204,6 +205,12 @@ class DGemmaSampler:
             "optional": {"image": image_input(), "max_batch": MAX_BATCH},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, t_min=None, t_max=None, entropy_bound=None):
+        """The knob rules ComfyUI cannot check (t_min <= t_max, t_max and entropy_bound above 0, NaN), when the
+        graph is queued: before the Loader loads a model. ComfyUI lists a refusal under each input named here."""
+        return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
 
     def sample(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)
