@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from . import constraint_budget as budget
-from .errors import InputError
+from .errors import InputError, short
 
 KINDS = ("json_schema", "regex", "choice")
 MAX_TEXT = 20_000
@@ -46,7 +46,7 @@ def _integer_enum(schema: dict, where: str) -> dict:
         hi = schema["exclusiveMaximum"] - 1
     if not (isinstance(lo, int) and isinstance(hi, int)) or isinstance(lo, bool) or isinstance(hi, bool):
         raise InputError("constraint", f"integer bounds at {where} need both a minimum and a maximum as integers, "
-                                       f"got minimum={lo!r} maximum={hi!r}; give both")
+                                       f"got minimum={short(lo)} maximum={short(hi)}; give both")
     if hi < lo:
         raise InputError("constraint", f"integer at {where} has maximum {hi} below minimum {lo}; no value fits")
     if hi - lo >= MAX_INT_SPAN:
@@ -73,17 +73,22 @@ def check_schema(schema, where: str = "#", depth: int = 0) -> dict:
         schema = _integer_enum(schema, where)
     for key in schema:
         if key not in SUPPORTED:
-            raise InputError("constraint", f"unsupported schema keyword {key!r} at {where}: it would not be "
+            raise InputError("constraint", f"unsupported schema keyword {short(key)} at {where}: it would not be "
                                            f"enforced; remove it (supported: {', '.join(sorted(SUPPORTED))})")
     out = dict(schema)
     for key, value in schema.items():
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            out[key] = {n: check_schema(sub, f"{where}/{key}/{n}", depth + 1) for n, sub in value.items()}
+            out[key] = {n: check_schema(sub, f"{where}/{key}/{_name(n)}", depth + 1) for n, sub in value.items()}
         elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
             out[key] = [check_schema(sub, f"{where}/{key}/{i}", depth + 1) for i, sub in enumerate(value)]
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = check_schema(value, f"{where}/{key}", depth + 1)
     return out
+
+
+def _name(name: str) -> str:
+    """A property's name in a path a refusal quotes: cut, since a name may be thousands of characters."""
+    return name if len(name) <= 40 else name[:39] + "…"
 
 
 def _escape(text: str) -> str:
@@ -105,7 +110,7 @@ class Constraint:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise InputError("constraint_type", f"constraint_type must be one of {', '.join(KINDS)}, got "
-                                                f"{self.kind!r}")
+                                                f"{short(self.kind)}")
         if not isinstance(self.text, str):
             raise InputError("constraint", f"constraint must be text, got {type(self.text).__name__}")
         if len(self.text) > MAX_TEXT:

@@ -56,7 +56,7 @@ class Part:
     multiplies: bool = True  # a count (repetition, maxLength, maxItems); False: a sum (branches, properties)
 
     def text(self, estimate: bool = True) -> str:
-        at = f" at {self.where}" if self.where else ""
+        at = f" at {self.where if len(self.where) <= 160 else self.where[:159] + '…'}" if self.where else ""
         cost = f" (about {self.cost:,} states with what it holds)" if self.cost and estimate else ""
         return f"{self.what}{at}{cost}; {self.fix}"
 

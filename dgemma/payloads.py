@@ -26,6 +26,10 @@ class DGemmaModel:
     identity: str = ""                   # dgemma/identity.py: which files were loaded; reloads and caches match it
     placement_note: str = ""             # a GPU/CPU split's cost per step, said wherever the model runs
 
+    def __repr__(self) -> str:
+        """A line, never the network's printout: ComfyUI puts str() of every input into its error report."""
+        return f"DGemmaModel({self.source!r}, quant {self.quant}, {self.device}, {self.dtype})"
+
     @property
     def canvas_length(self) -> int:
         return int(self.model.config.canvas_length)

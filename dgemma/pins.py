@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import InputError
-from .preflight import short
+from .errors import InputError, short
 from .tokens import check_text, literal_ids
 
 BLANK = re.compile(r"_{3,}(?:\{(\d+)\})?")
@@ -131,7 +130,7 @@ def check_shape(text) -> tuple[list[tuple[int, str]], str] | None:
     _check_reach(text)
     pairs, template = pieces(text)
     if template and not BLANK.search(template):
-        raise InputError("pins", f"pins line {template.splitlines()[0]!r} is neither `position: text` nor a "
+        raise InputError("pins", f"pins line {short(template.splitlines()[0])} is neither `position: text` nor a "
                                  "template with a blank (___); add a blank where the model writes, or a position")
     head = template[:BLANK.search(template).start()] if template else ""  # text pinned from position 0
     starts = [p for p, t in pairs if t] + ([0] if head else [])

@@ -14,7 +14,7 @@ import torch
 from .batch import BatchForward, fitting_batch
 from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
-from .errors import InputError
+from .errors import InputError, short
 from .excision import excise, thought_text
 from .guide import guide_for
 from .knobs import Knobs
@@ -222,7 +222,7 @@ def check_batch(requests, max_batch=None) -> None:
                                          "item, even a repeated prompt, on its own")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise InputError("max_batch", f"max_batch must be a whole number of items of at least 1, got "
-                                      f"{max_batch!r}")
+                                      f"{short(max_batch)}")
 
 
 def _tell_settled(item, told) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dgemma.backend import backend_of, constraint_options, run_items
-from ..dgemma.errors import InputError
+from ..dgemma.errors import InputError, short
 from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.loop import num_blocks
@@ -130,8 +130,8 @@ def max_batch_of(inputs: dict) -> int | None:
     value = inputs.pop("max_batch", [0])
     value = value[0] if isinstance(value, list) and value else value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got {value!r}; "
-                                      "wire an INT of 0 or more")
+        raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got "
+                                      f"{short(value)}; wire an INT of 0 or more")
     return value or None
 
 
