@@ -17,6 +17,7 @@ from .events import DONE, START, STEP, BatchStream
 from .schema import (
     CATEGORY,
     KV_CACHE,
+    MAX_LIST,
     RESUME_HINTS,
     SAMPLER_OUTPUTS,
     comfy_hints,
@@ -114,10 +115,19 @@ def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image
 
 
 def list_items(inputs: dict) -> list[dict]:
-    """ComfyUI's list rule: as many items as the longest list; a shorter list repeats its last value."""
+    """ComfyUI's list rule: as many items as the longest list; a shorter list repeats its last value. An empty
+    list (a node upstream that gave no items) and a list over MAX_LIST are refused before any item is checked."""
     lists = {k: v if isinstance(v, list) else [v] for k, v in inputs.items()}
+    for name, values in lists.items():
+        if not values:
+            raise InputError(name, f"{name} is an empty list: the node wired to it gave no items; give it at "
+                                   "least one")
     count = max((len(v) for v in lists.values()), default=1)
-    return [{k: v[min(i, len(v) - 1)] for k, v in lists.items() if v} for i in range(count)]
+    if count > MAX_LIST:
+        longest = max(lists, key=lambda k: len(lists[k]))
+        raise InputError(longest, f"{longest} is a list of {count} items, over the {MAX_LIST} one sampler runs; "
+                                  "split the list over several samplers")
+    return [{k: v[min(i, len(v) - 1)] for k, v in lists.items()} for i in range(count)]
 
 
 MAX_BATCH = ("INT", {"forceInput": True, "default": 0, "min": 0, "max": 256, "tooltip":
@@ -128,6 +138,9 @@ MAX_BATCH = ("INT", {"forceInput": True, "default": 0, "min": 0, "max": 256, "to
 def max_batch_of(inputs: dict) -> int | None:
     """The node's max_batch (a list input, like every input of a list node), checked; None: automatic."""
     value = inputs.pop("max_batch", [0])
+    if isinstance(value, list) and len(set(map(repr, value))) > 1:
+        raise InputError("max_batch", f"max_batch is a list of {len(value)} different values ({short(value)}); it "
+                                      "sets the whole node's batches, so wire one INT")
     value = value[0] if isinstance(value, list) and value else value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got "
