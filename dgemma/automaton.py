@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from .constraint_budget import compile_index
 from .constraint_vocab import token_bytes
-from .errors import InputError
 
 START, THOUGHT, DONE = -1, -2, -3
-END = "\\x{0}"  # the end marker in outlines-core's regex syntax
 END_BYTE = b"\x00"
 
 
@@ -47,17 +46,13 @@ class Automaton:
         self.dist[THOUGHT] = self.dist[START] + 1
 
     @classmethod
-    def build(cls, outlines_core, regex: str, dm) -> Automaton:
+    def build(cls, constraint, dm, should_cancel=None) -> Automaton:
+        """Compiled by outlines-core in a child process, within the budget (`constraint_budget`)."""
         tok = dm.tokenizer
         pieces = token_bytes(tok)
         end = max(max(ids) for ids in pieces.values()) + 1  # an id past the vocabulary: never a model's token
         pieces[END_BYTE] = [*pieces.get(END_BYTE, []), end]
-        vocab = outlines_core.Vocabulary(int(dm.eos_ids[0]), pieces)
-        try:
-            index = outlines_core.Index(f"(?:{regex}){END}", vocab)
-        except ValueError as err:
-            raise InputError("constraint", f"the constraint cannot be compiled for this model's tokenizer: "
-                                           f"{str(err).splitlines()[0][:300]}") from None
+        index = compile_index(constraint.regex, int(dm.eos_ids[0]), pieces, constraint.costliest, should_cancel)
         pad = tok.pad_token_id if tok.pad_token_id is not None else int(dm.eos_ids[0])
         return cls(index, dm.eos_ids, dm.channel_ids, pad, end)
 

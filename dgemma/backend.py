@@ -67,13 +67,13 @@ def run_items(model, items, *, on_frame=None, on_settled=None, should_cancel=Non
     return results
 
 
-def constraint_options(model, constraint, gen_length: int) -> dict:
-    """The run options a constraint adds, checked before any work: none when it is empty."""
+def constraint_options(model, constraint, gen_length: int, should_cancel=None) -> dict:
+    """The run options a constraint adds, checked (compiled) before any work: none when it is empty."""
     if constraint is None or not getattr(constraint, "active", True):
         return {}
     engine = backend_of(model)
     if engine is LOCAL:
-        guide_for(model, constraint, gen_length)
+        guide_for(model, constraint, gen_length, should_cancel)
     elif not getattr(engine, "takes_constraints", False):  # its server compiles and checks the constraint
         raise InputError("constraint", f"{model} is a remote model whose server cannot constrain answers; use this "
                                        "pack's server (python -m serve) or DGemmaLoader, or leave constraint empty")

@@ -9,13 +9,15 @@ constraint into a regular expression and a token-level automaton (decision 0017)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import threading
 from dataclasses import dataclass
 
-from .errors import InputError
+from . import constraint_budget as budget
+from .errors import InputError, short
 
 KINDS = ("json_schema", "regex", "choice")
 MAX_TEXT = 20_000
@@ -44,7 +46,7 @@ def _integer_enum(schema: dict, where: str) -> dict:
         hi = schema["exclusiveMaximum"] - 1
     if not (isinstance(lo, int) and isinstance(hi, int)) or isinstance(lo, bool) or isinstance(hi, bool):
         raise InputError("constraint", f"integer bounds at {where} need both a minimum and a maximum as integers, "
-                                       f"got minimum={lo!r} maximum={hi!r}; give both")
+                                       f"got minimum={short(lo)} maximum={short(hi)}; give both")
     if hi < lo:
         raise InputError("constraint", f"integer at {where} has maximum {hi} below minimum {lo}; no value fits")
     if hi - lo >= MAX_INT_SPAN:
@@ -54,8 +56,11 @@ def _integer_enum(schema: dict, where: str) -> dict:
     return {**rest, "enum": list(range(lo, hi + 1))}
 
 
-def check_schema(schema, where: str = "#") -> dict:
+def check_schema(schema, where: str = "#", depth: int = 0) -> dict:
     """The schema with integer bounds rewritten; refuses keywords that would not be enforced."""
+    if depth > budget.MAX_DEPTH:
+        raise InputError("constraint", f"the JSON Schema is nested more than {budget.MAX_DEPTH} deep at "
+                                       f"{where[:200]}; flatten it")
     if isinstance(schema, bool):
         return schema
     if not isinstance(schema, dict):
@@ -68,17 +73,22 @@ def check_schema(schema, where: str = "#") -> dict:
         schema = _integer_enum(schema, where)
     for key in schema:
         if key not in SUPPORTED:
-            raise InputError("constraint", f"unsupported schema keyword {key!r} at {where}: it would not be "
+            raise InputError("constraint", f"unsupported schema keyword {short(key)} at {where}: it would not be "
                                            f"enforced; remove it (supported: {', '.join(sorted(SUPPORTED))})")
     out = dict(schema)
     for key, value in schema.items():
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            out[key] = {n: check_schema(sub, f"{where}/{key}/{n}") for n, sub in value.items()}
+            out[key] = {n: check_schema(sub, f"{where}/{key}/{_name(n)}", depth + 1) for n, sub in value.items()}
         elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
-            out[key] = [check_schema(sub, f"{where}/{key}/{i}") for i, sub in enumerate(value)]
+            out[key] = [check_schema(sub, f"{where}/{key}/{i}", depth + 1) for i, sub in enumerate(value)]
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            out[key] = check_schema(value, f"{where}/{key}")
+            out[key] = check_schema(value, f"{where}/{key}", depth + 1)
     return out
+
+
+def _name(name: str) -> str:
+    """A property's name in a path a refusal quotes: cut, since a name may be thousands of characters."""
+    return name if len(name) <= 40 else name[:39] + "…"
 
 
 def _escape(text: str) -> str:
@@ -100,7 +110,7 @@ class Constraint:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise InputError("constraint_type", f"constraint_type must be one of {', '.join(KINDS)}, got "
-                                                f"{self.kind!r}")
+                                                f"{short(self.kind)}")
         if not isinstance(self.text, str):
             raise InputError("constraint", f"constraint must be text, got {type(self.text).__name__}")
         if len(self.text) > MAX_TEXT:
@@ -115,15 +125,14 @@ class Constraint:
 
     @property
     def regex(self) -> str:
-        """The regular expression the answer must match in full."""
-        if self.kind == "choice":
-            options = choices(self.text)
-            if not options:
-                raise InputError("constraint", "the choice list is empty; write one option per line")
-            return "(" + "|".join(_escape(o) for o in options) + ")"
-        if self.kind == "regex":
-            return _checked_regex(self.text.strip())
-        return _schema_regex(self.text)
+        """The regular expression the answer must match in full (compiled within the budget, kept)."""
+        if self.kind == "json_schema":
+            _outlines()
+        return _regex_of(self.kind, self.text)
+
+    def costliest(self) -> budget.Part:
+        """The part of the constraint that costs the most to compile, for a refusal to name."""
+        return costliest(self.kind, self.text)
 
     def summary(self) -> dict:
         """The constraint as the run log's header records it: kind, text and a short hash."""
@@ -131,16 +140,38 @@ class Constraint:
         return {"kind": self.kind, "text": self.text, "sha256": digest}
 
 
+def costliest(kind: str, text: str) -> budget.Part:
+    if kind == "choice":
+        options = choices(text)
+        return budget.Part(0, "", f"the choice list of {len(options)} options", "give fewer or shorter options")
+    total, parts = budget.regex_parts(text.strip()) if kind == "regex" else \
+        budget.schema_parts(check_schema(json.loads(text)))
+    return budget.costliest(parts, total, "regex" if kind == "regex" else "schema")
+
+
+@functools.lru_cache(maxsize=32)
+def _regex_of(kind: str, text: str) -> str:
+    if kind == "choice":
+        options = choices(text)
+        if not options:
+            raise InputError("constraint", "the choice list is empty; write one option per line")
+        return "(" + "|".join(_escape(o) for o in options) + ")"
+    if kind == "regex":
+        return _checked_regex(text.strip())
+    return _schema_regex(text)
+
+
 def _checked_regex(text: str) -> str:
     if not text:
         raise InputError("constraint", "the regex is blank; write a pattern, or leave constraint empty for none")
     try:
         re.compile(text)
-    except re.error as err:
+    except (re.error, RecursionError, OverflowError) as err:
         raise InputError("constraint", f"the regex {text[:80]!r} does not compile: {err}; fix it") from None
     if re.search(r"\(\?[=!<]|\\[1-9]", text):
         raise InputError("constraint", f"the regex {text[:80]!r} uses lookaround or a backreference, which a "
                                        "finite automaton cannot enforce; rewrite it without them")
+    budget.check("regex", text)
     return _unanchored(text)
 
 
@@ -160,12 +191,12 @@ def _schema_regex(text: str) -> str:
     except json.JSONDecodeError as err:
         raise InputError("constraint", f"the JSON Schema is not valid JSON ({err.msg} at line {err.lineno} column "
                                        f"{err.colno}); fix the text") from None
+    except RecursionError:
+        raise InputError("constraint", f"the JSON Schema is nested too deep to read; keep it under "
+                                       f"{budget.MAX_DEPTH} levels") from None
     schema = check_schema(schema)
-    build = _outlines().json_schema.build_regex_from_schema
-    try:
-        return build(json.dumps(schema))
-    except (ValueError, TypeError) as err:
-        raise InputError("constraint", f"the JSON Schema cannot be compiled: {str(err).splitlines()[0]}") from None
+    budget.check("schema", schema)
+    return budget.schema_regex(json.dumps(schema), functools.partial(costliest, "json_schema", text))
 
 
 def _outlines():
@@ -182,15 +213,17 @@ _lock = threading.Lock()
 KEEP = 4  # compiled automata kept; one at the real vocabulary is a few hundred MB while it builds
 
 
-def automaton(dm, constraint: Constraint):
-    """The constraint's token automaton for this model's tokenizer, compiled once and kept."""
+def automaton(dm, constraint: Constraint, should_cancel=None):
+    """The constraint's token automaton for this model's tokenizer, compiled once and kept; Cancel
+    (`should_cancel`) stops a compile."""
     from .automaton import Automaton
 
     key = (dm.tokenizer_fingerprint, constraint.kind, constraint.text)
     with _lock:
         found = _compiled.get(key)
         if found is None:
-            found = Automaton.build(_outlines(), constraint.regex, dm)
+            _outlines()
+            found = Automaton.build(constraint, dm, should_cancel)
             if len(_compiled) >= KEEP:
                 _compiled.pop(next(iter(_compiled)))
             _compiled[key] = found

@@ -44,6 +44,10 @@ class KVCache:
     images: tuple[dict, ...] = ()  # provenance of the images it holds: count, sizes, content hash
     checkpoint: str = ""           # the minting model's identity: the same files, not only the same folder
 
+    def __repr__(self) -> str:
+        """A line, never every id: ComfyUI puts str() of every input into its error report."""
+        return f"KVCache({self.length} tokens from {self.model_source!r}, {len(self.images)} image(s))"
+
     @property
     def length(self) -> int:
         return len(self.token_ids)

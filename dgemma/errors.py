@@ -1,12 +1,28 @@
 """The engine's one error type for bad input: it names the input, so callers can add their hints."""
 
+from __future__ import annotations
+
+import reprlib
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+MAX_MESSAGE = 1000  # characters: a refusal is read by a person, and a value echoed in it is cut to fit
+
 
 class InputError(ValueError):
-    """What is wrong with input `name`, its value and the fix, in engine terms."""
+    """What is wrong with input `name`, its value and the fix, in engine terms; never longer than MAX_MESSAGE
+    (each message cuts the values it quotes; this is the backstop)."""
 
     def __init__(self, name: str, message: str):
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE - 8] + "… (cut)"
         super().__init__(message)
         self.name = name
+
+
+def short(value) -> str:
+    """repr of a value read from a file or an input, cut so a huge one cannot flood the message."""
+    return _repr.repr(value)
 
 
 def require_type(name: str, value, cls, what: str) -> None:

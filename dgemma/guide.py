@@ -166,8 +166,9 @@ class _Unconstrained:
 UNCONSTRAINED = _Unconstrained()
 
 
-def guide_for(dm, constraint, gen_length: int) -> Guide | None:
-    """The run's guide (None for no constraint); refuses an answer that cannot fit, before any model work."""
+def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> Guide | None:
+    """The run's guide (None for no constraint); refuses an answer that cannot fit, before any model work.
+    `should_cancel` stops the constraint's compile."""
     from .constraint import Constraint, automaton
     from .errors import InputError
     from .one_value import one_value
@@ -180,7 +181,7 @@ def guide_for(dm, constraint, gen_length: int) -> Guide | None:
         return None
     blocks = math.ceil(gen_length / dm.canvas_length)
     shape = one_value(constraint)
-    found = automaton(dm, constraint if shape is None else shape.choice)
+    found = automaton(dm, constraint if shape is None else shape.choice, should_cancel)
     need, positions = found.dist[START], blocks * dm.canvas_length
     if need == math.inf:
         raise InputError("constraint", "no answer this model's tokenizer can write satisfies the constraint; "

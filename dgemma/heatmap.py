@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .errors import require_type
+from .errors import require_type, short
 from .readings import knob_not_sent, why_unknown
 from .states import ALL_COLOURS, NAMES, PALETTE, UNKNOWN_COLOUR, UNKNOWN_NAME
 from .trace import CanvasTrace
@@ -32,14 +32,14 @@ RAMP_NAMES = ("dark blue", "blue", "teal", "sea green", "green", "yellow")
 
 def check_inputs(mode, cell_px, trace=None, scale="fixed") -> None:
     if scale not in SCALES:
-        raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}; pick one of those")
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {short(scale)}; pick one of those")
     if trace is not None:
         require_type("canvas_trace", trace, CanvasTrace, "the trace of a run")
     if mode not in MODES:
-        raise ValueError(f"mode must be 'commit' or 'entropy', got {mode!r}; pick one of those two")
+        raise ValueError(f"mode must be 'commit' or 'entropy', got {short(mode)}; pick one of those two")
     if isinstance(cell_px, bool) or not isinstance(cell_px, int) or not 1 <= cell_px <= CELL_PX_MAX:
         raise ValueError(f"cell_px must be a whole number of pixels from 1 to {CELL_PX_MAX}, got "
-                         f"{cell_px!r}; use e.g. 6 (each step x position cell becomes cell_px square)")
+                         f"{short(cell_px)}; use e.g. 6 (each step x position cell becomes cell_px square)")
 
 
 def entropy_level(entropy: np.ndarray, cap: float = ENTROPY_CAP) -> np.ndarray:

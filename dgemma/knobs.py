@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .errors import InputError
+from .errors import InputError, short
 
 SEED_MAX = 2**64 - 1
 
@@ -63,12 +63,12 @@ def check_knob(name: str, value, table: dict | None = None) -> None:
     spec = (KNOBS if table is None else table)[name]
     if spec.kind is bool:
         if not isinstance(value, bool):
-            raise InputError(name, f"{name} must be true or false, got {value!r}")
+            raise InputError(name, f"{name} must be true or false, got {short(value)}")
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             spec.kind is int and not isinstance(value, int)):
         raise InputError(name, f"{name} must be a{'n' if spec.kind is int else ''} {spec.kind.__name__}, "
-                               f"got {value!r}; set a number such as the default {spec.default}")
+                               f"got {short(value)}; set a number such as the default {spec.default}")
     if not spec.lo <= value <= spec.hi:  # also refuses NaN
         raise InputError(name, f"{name} must be between {spec.lo} and {spec.hi}, got {value!r}; "
                                f"set it inside that range (default {spec.default})")
@@ -120,8 +120,8 @@ def knobs_from(values: dict, every: bool = False) -> Knobs:
     """
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
-        raise InputError(unknown[0], f"{unknown[0]} is not a knob (got {values[unknown[0]]!r}); the knobs are "
-                                     f"{', '.join(KNOBS)}")
+        raise InputError(unknown[0], f"{short(unknown[0])[1:-1]} is not a knob (got {short(values[unknown[0]])}); "
+                                     f"the knobs are {', '.join(KNOBS)}")
     missing = [name for name in KNOBS if name not in values]
     if every and missing:
         raise InputError(missing[0], f"{missing[0]} is missing ({', '.join(missing)} not given); a node needs every "

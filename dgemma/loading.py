@@ -44,13 +44,17 @@ def check_source(source: str) -> Path | None:
         raise ValueError("model source is empty; give a checkpoint folder or a hub id such as "
                          f"{DEFAULT_HUB_ID!r}")
     path = Path(os.path.expanduser(str(source)))
-    if path.is_dir():
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        is_dir, exists = False, False
+    if is_dir:
         if not (path / "config.json").is_file():
-            raise ValueError(f"model folder {str(path)!r} has no config.json; point the loader at the folder "
+            raise ValueError(f"model folder {short(str(path))} has no config.json; point the loader at the folder "
                              "that holds config.json and the *.safetensors files")
         return path
-    if path.exists() or str(source).startswith((".", "/", "~")) or str(source).count("/") != 1:
-        raise ValueError(f"model source {source!r} is neither a checkpoint folder nor a hub id like "
+    if exists or str(source).startswith((".", "/", "~")) or str(source).count("/") != 1:
+        raise ValueError(f"model source {short(source)} is neither a checkpoint folder nor a hub id like "
                          f"{DEFAULT_HUB_ID!r}; check the path")
     return None
 

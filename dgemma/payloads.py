@@ -27,6 +27,10 @@ class DGemmaModel:
     identity: str = ""                   # dgemma/identity.py: which files were loaded; reloads and caches match it
     placement_note: str = ""             # a GPU/CPU split's cost per step, said wherever the model runs
 
+    def __repr__(self) -> str:
+        """A line, never the network's printout: ComfyUI puts str() of every input into its error report."""
+        return f"DGemmaModel({self.source!r}, quant {self.quant}, {self.device}, {self.dtype})"
+
     @property
     def canvas_length(self) -> int:
         return int(self.model.config.canvas_length)
@@ -172,7 +176,8 @@ class RunConfig:
         return "\n".join([
             f"prompt: {_quote(self.prompt)}", knobs,
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
-            f"context: {context}{images}", *extra, *_decided(self.decision)])
+            f"context: {context}{images}", *extra, *_decided(self.decision),
+            *(f"warning: {w}" for w in (self.image or {}).get("warnings", ()))])
 
     def _sent_knobs(self) -> str:
         """A remote engine's knobs: those sent (and how), then those it never got or ignored, and why."""

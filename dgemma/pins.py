@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import InputError
+from .errors import InputError, short
 from .tokens import check_text, literal_ids
 
 BLANK = re.compile(r"_{3,}(?:\{(\d+)\})?")
 PAIR = re.compile(r"^\s*(\d+)\s*:\s?(.*)$")
 ESCAPE = re.compile(r"\\([\\n])")
 MAX_PINS_TEXT = 20_000
+MAX_REACH = 1_000_000  # answer positions: far past the longest answer (gen_length 8192), short of any overflow
 
 
 def _unescape(text: str) -> str:
@@ -70,14 +71,14 @@ class Pins:
         return {"text": self.source, "positions": self.positions.tolist(), "ids": self.ids.tolist()}
 
 
-def _template(tokenizer, template: str) -> tuple[list[tuple[int, list[int]]], list[int]]:
-    """(pinned spans, blank positions) of a template."""
+def _template(tokenizer, template: str, limit: int) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """(pinned spans, blank positions before `limit`) of a template."""
     out, blanks, pos, at = [], [], 0, 0
     for m in BLANK.finditer(template):
         ids = literal_ids(tokenizer, _unescape(template[at:m.start()])) if m.start() > at else []
         out.append((pos, ids))
         width = int(m.group(1)) if m.group(1) else len(m.group(0))
-        blanks += range(pos + len(ids), pos + len(ids) + width)
+        blanks += range(pos + len(ids), min(pos + len(ids) + width, limit))
         pos += len(ids) + width
         at = m.end()
     tail = _unescape(template[at:])
@@ -116,6 +117,9 @@ def check_shape(text) -> tuple[list[tuple[int, str]], str] | None:
     Headless graphs and ComfyUI's validation call this before any node runs; a pin occupies at
     least its first position, so two pins starting at one position overlap whatever the tokenizer.
     """
+    if isinstance(text, (list, tuple)):
+        raise InputError("pins", f"pins must be one text, got a {type(text).__name__} of {len(text)} item(s); give "
+                                 "one text (a sampler runs one item per text when a list is wired to it)")
     if not isinstance(text, str):
         raise InputError("pins", f"pins must be text, got {type(text).__name__}")
     check_text("pins", text)
@@ -123,9 +127,10 @@ def check_shape(text) -> tuple[list[tuple[int, str]], str] | None:
         return None
     if len(text) > MAX_PINS_TEXT:
         raise InputError("pins", f"pins is {len(text)} characters, over {MAX_PINS_TEXT}; pin less text")
+    _check_reach(text)
     pairs, template = pieces(text)
     if template and not BLANK.search(template):
-        raise InputError("pins", f"pins line {template.splitlines()[0]!r} is neither `position: text` nor a "
+        raise InputError("pins", f"pins line {short(template.splitlines()[0])} is neither `position: text` nor a "
                                  "template with a blank (___); add a blank where the model writes, or a position")
     head = template[:BLANK.search(template).start()] if template else ""  # text pinned from position 0
     starts = [p for p, t in pairs if t] + ([0] if head else [])
@@ -135,13 +140,25 @@ def check_shape(text) -> tuple[list[tuple[int, str]], str] | None:
     return pairs, template
 
 
+def _check_reach(text: str) -> None:
+    """Refuse a pin position or blank width no answer can hold, before any number is used."""
+    for line in text.split("\n"):
+        pair = PAIR.match(line)
+        counts = [pair.group(1)] if pair else [m.group(1) for m in BLANK.finditer(line) if m.group(1)]
+        for digits in counts:
+            if len(digits) > len(str(MAX_REACH)) or int(digits) > MAX_REACH:
+                what = "position" if pair else "blank width"
+                raise InputError("pins", f"pins line {short(line[:80])} gives {what} {short(digits)}, past any "
+                                         f"answer (at most {MAX_REACH:,} positions); pin within gen_length")
+
+
 def parse(dm, text: str, positions_available: int) -> Pins | None:
     """Pins from the widget's text (None when empty); refuses overlaps and pins past the canvas."""
     shape = check_shape(text)
     if shape is None:
         return None
     pairs, template = shape
-    spans, blanks = _template(dm.tokenizer, template) if template else ([], [])
+    spans, blanks = _template(dm.tokenizer, template, positions_available) if template else ([], [])
     spans += [(p, literal_ids(dm.tokenizer, t)) for p, t in pairs]
     taken: dict[int, int] = {}
     for start, ids in spans:

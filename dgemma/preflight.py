@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import reprlib
 import struct
 from pathlib import Path
 
 import torch
+
+from .errors import short
 
 GIB = 1024**3
 MODEL_TYPE = "diffusion_gemma"
@@ -24,15 +25,6 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
                "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "C64": 8}
 # Files beside config.json whose auto_map would make transformers import code from the checkpoint.
 CODE_MAPS = ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 80
-
-
-def short(value) -> str:
-    """repr of a value read from a file or an input, cut so a huge one cannot flood the message."""
-    return _repr.repr(value)
-
-
 def read_json(path: Path) -> dict:
     """A JSON object from a checkpoint file; refuses text that is not one."""
     try:

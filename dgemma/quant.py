@@ -19,6 +19,8 @@ import struct
 
 import torch
 
+from .errors import short
+
 QUANTS = ("none", "autoround")
 # Fused MoE expert parameters (3D); auto-round splits them into per-expert linears.
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
@@ -37,7 +39,7 @@ def quant_method(config) -> str | None:
 def check_quant(quant: str, config, source: str) -> None:
     """Refuse a quant mode that does not match the checkpoint, before any weight is read."""
     if quant not in QUANTS:
-        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}; pick one of those")
+        raise ValueError(f"quant must be one of {QUANTS}, got {short(quant)}; pick one of those")
     method = quant_method(config)
     if quant == "none" and method is not None:
         raise ValueError(f"{source!r} is a {method} quantized checkpoint but quant is 'none'; set quant to "

@@ -54,6 +54,12 @@ class Resume:
     generator_state: torch.Tensor | None = None
     image: dict | None = None        # the turn's image record (count, sizes, content hash); None: no image
 
+    def __repr__(self) -> str:
+        """A line, never the model's printout or the tensors."""
+        where = "finished" if self.paused is None else \
+            f"paused at block {self.paused.block + 1} step {self.paused.step}"
+        return f"Resume({self.scheduler}, {where}, {len(self.recorded.rows)} steps recorded)"
+
     @property
     def finished(self) -> bool:
         return self.paused is None

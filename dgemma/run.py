@@ -14,7 +14,7 @@ import torch
 from .batch import BatchForward, fitting_batch
 from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
-from .errors import InputError
+from .errors import InputError, short
 from .excision import excise, thought_text
 from .guide import guide_for
 from .knobs import Knobs
@@ -119,9 +119,10 @@ class Request:
 
 def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=None, image=None,
             advance_context: bool = False, advanced: Advanced | None = None, constraint=None,
-            logprobs: int | None = None) -> Request:
+            logprobs: int | None = None, should_cancel: Callable[[], bool] | None = None) -> Request:
     """Check every input once (model, text, image, context, knobs, window, pins, resume, constraint)
-    before any model work. `logprobs` (0 to 5 alternatives) captures each position's log-probability."""
+    before any model work. `logprobs` (0 to 5 alternatives) captures each position's log-probability;
+    `should_cancel` stops a constraint's compile."""
     check_inputs(dm, prompt, knobs, context, image)
     plain = advanced is None
     advanced = Advanced() if plain else advanced
@@ -131,7 +132,7 @@ def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=Non
         check_image_tensor("image", image)
         check_vision("image", dm)
     plan = check_advanced(dm, prompt, knobs, context, advanced, image)
-    guide = guide_for(dm, constraint, knobs.gen_length)
+    guide = guide_for(dm, constraint, knobs.gen_length, should_cancel)
     images = prepare_images(dm, image) if image is not None and resume is None else None
     turn = tuple(turn_ids(dm, prompt, knobs, context, images)) if resume is None else ()
     return Request(dm, prompt, knobs, context, advanced, plain, plan, turn, images, advance_context,
@@ -163,7 +164,7 @@ def generate(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=No
     the result's `logprobs` (dgemma/logprobs.py).
     """
     request = prepare(dm, prompt, knobs, context=context, image=image, advance_context=advance_context,
-                      advanced=advanced, constraint=constraint, logprobs=logprobs)
+                      advanced=advanced, constraint=constraint, logprobs=logprobs, should_cancel=should_cancel)
     return run(request, on_frame=on_frame, should_cancel=should_cancel)
 
 
@@ -255,7 +256,7 @@ def check_batch(requests, max_batch=None) -> None:
                                          "item, even a repeated prompt, on its own")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise InputError("max_batch", f"max_batch must be a whole number of items of at least 1, got "
-                                      f"{max_batch!r}")
+                                      f"{short(max_batch)}")
 
 
 def _tell_settled(item, told) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .errors import InputError
+from .errors import InputError, short
 from .knobs import Knobs, KnobSpec, check_knob
 from .patches import step_with_entropy
 
@@ -236,10 +236,10 @@ class Scheduling:
 
     def __init__(self, name: str = "entropy_bound", **values):
         if name not in REGISTRY:
-            raise InputError("scheduler", f"scheduler must be one of {', '.join(REGISTRY)}, got {name!r}")
+            raise InputError("scheduler", f"scheduler must be one of {', '.join(REGISTRY)}, got {short(name)}")
         for knob, value in values.items():
             if knob not in SCHEDULER_KNOBS:
-                raise InputError(knob, f"{knob} is not a scheduler knob; the scheduler knobs are "
+                raise InputError(knob, f"{short(knob)[1:-1]} is not a scheduler knob; the scheduler knobs are "
                                        f"{', '.join(SCHEDULER_KNOBS)}")
             check_knob(knob, value, SCHEDULER_KNOBS)
         own = REGISTRY[name].own_knobs

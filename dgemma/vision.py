@@ -156,4 +156,26 @@ def prepare_images(dm, image, name: str = "image") -> ImageInput:
         raise InputError(name, f"the model's image processor refused {name} ({err}); try an image with a less "
                                "extreme aspect ratio") from None
     counts = tuple(int(n) for n in out["num_soft_tokens_per_image"])
-    return ImageInput(out["pixel_values"], out["image_position_ids"], counts, record(arrays))
+    seen = record(arrays)
+    thin = thin_warnings(arrays, out["image_position_ids"], getattr(dm.image_processor, "pooling_kernel_size", 1),
+                         counts)
+    return ImageInput(out["pixel_values"], out["image_position_ids"], counts, {**seen, "warnings": thin} if thin
+                      else seen)
+
+
+def thin_warnings(arrays, position_ids: torch.Tensor, pool: int, counts) -> list[str]:
+    """Pictures the processor turns into one row (or column) of soft tokens: it stretches the short side up
+    to one pooled patch, so the picture's shape is lost and a model may misread it."""
+    out = []
+    for i, (pixels, ids) in enumerate(zip(arrays, position_ids)):
+        used = ids[(ids >= 0).all(-1)]
+        if not len(used):
+            continue
+        cols, rows = (int(used[:, 0].max()) // max(pool, 1) + 1, int(used[:, 1].max()) // max(pool, 1) + 1)
+        if min(cols, rows) == 1 and max(cols, rows) > 1:
+            h, w = pixels.shape[:2]
+            line = "row" if rows == 1 else "column"
+            out.append(f"image {i + 1} ({w}x{h} pixels) reaches the model as a single {line} of {counts[i]} soft "
+                       "tokens: the processor stretches its short side to one pooled patch, so its shape is lost "
+                       "and it may be misread; pad it to a less extreme shape (e.g. Pad Image for Outpainting)")
+    return out

@@ -17,6 +17,8 @@ PINS_HELP = ("Text held in place on the canvas. A template pins its text at the 
              "(___, or ___{n} for n positions) left to the model, e.g. 'The answer is ___.'; a line '12: text' pins "
              "text from answer position 12. Empty: no pins.")
 MAX_PROMPTS = 64
+MAX_HANDLE = 64  # handles are ctx-/run- and 8 hex digits
+MAX_PATH = 4096
 PROMPTS_HELP = ("Several turns answered together as one batch (one decoder forward per step for them all), each "
                 "exactly as a call with that prompt and the same other arguments, except that item i uses seed + i "
                 "so the answers differ; the result's items hold one result per prompt, in order. Not with prompt or "
@@ -46,11 +48,12 @@ def generate_args() -> list[Arg]:
     return [
         text_arg("prompt", "The user turn, rendered through the model's chat template. May be empty when a "
                            "context or image is given; on resume it defaults to the paused run's."),
-        Arg("prompts", {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PROMPTS,
+        Arg("prompts", {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_PROMPTS,
                         "description": PROMPTS_HELP}),
         text_arg("context", "Optional raw CONTEXT text (no chat framing), encoded for this run before the turn; "
                             "with context_handle it continues that context."),
-        text_arg("context_handle", "Optional handle from the encode tool; the encoded context is never modified."),
+        text_arg("context_handle", "Optional handle from the encode tool; the encoded context is never modified.",
+                 most=MAX_HANDLE),
         Arg("image", {"type": "string", "description": IMAGE_HELP}),
         *knobs,
         choice_arg("scheduler", list(SCHEDULERS), next(iter(SCHEDULERS)), SCHEDULER_HELP),
@@ -64,12 +67,12 @@ def generate_args() -> list[Arg]:
                            "none. canvas_state.constraint says whether the answer satisfied it."}),
         text_arg("resume", "Handle of a paused run (paused_handle of an earlier call) to continue exactly; the "
                            "prompt, context, image, gen_length, num_inference_steps, thinking and scheduler are "
-                           "the paused run's."),
+                           "the paused run's.", most=MAX_HANDLE),
         flag_arg("runlog", "Also write the run as a dg-runlog/1 JSON Lines file; its path is returned (the log "
                            "is also a resource, runlog_uri, either way)."),
         flag_arg("gif", "Also write every step as an animated GIF: its path is returned and the GIF comes back "
                         "as image content."),
-        text_arg("output_dir", "Folder for the run log and GIF (default: ./output of the server)."),
+        text_arg("output_dir", "Folder for the run log and GIF (default: ./output of the server).", most=MAX_PATH),
     ]
 
 
@@ -77,7 +80,8 @@ def loader_args() -> list[Arg]:
     options = [flag_arg(name, o.tooltip) if o.choices is None else choice_arg(name, o.choices, o.default, o.tooltip)
                for name, o in LOAD_OPTIONS.items()]
     return [text_arg("model", f"'{DEMO_NAME}' (the tiny model shipped with the pack), a checkpoint folder holding "
-                              "config.json, or a hub id such as 'google/diffusiongemma-26B-A4B-it'.", DEMO_NAME),
+                              "config.json, or a hub id such as 'google/diffusiongemma-26B-A4B-it'.", DEMO_NAME,
+                     most=MAX_PATH),
             *options]
 
 
@@ -85,6 +89,6 @@ def encode_args() -> list[Arg]:
     return [
         Arg("text", {"type": "string", "description": "Raw CONTEXT, encoded as is: a document, a prior turn. May "
                                                       "be empty when an image is given."}, required=True),
-        text_arg("onto", "Optional handle of a context to continue with this text."),
+        text_arg("onto", "Optional handle of a context to continue with this text.", most=MAX_HANDLE),
         Arg("image", {"type": "string", "description": IMAGE_HELP}),
     ]

@@ -22,6 +22,7 @@ from ..dgemma.demo import DEMO_DIR, DEMO_NAME
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import Knobs
 from ..dgemma.loading import load_model
+from ..dgemma.preflight import short
 from ..dgemma.resume import Advanced
 from ..dgemma.run import generate, prepare, run_batch
 from ..dgemma.schedulers import Scheduling
@@ -128,9 +129,9 @@ class Engine:
 
     def context(self, handle: str, name: str = "context_handle"):
         if handle not in self.contexts:
-            raise InputError(name, f"context handle {handle!r} is unknown; encode the context first with the encode "
-                                   "tool (handles are dropped when freed or when another model is loaded), known: "
-                                   f"{sorted(self.contexts)}")
+            raise InputError(name, f"context handle {short(handle)} is unknown; encode the context first with the "
+                                   "encode tool (handles are dropped when freed or when another model is loaded), "
+                                   f"known: {short(sorted(self.contexts))}")
         return self.contexts[handle]
 
     def encode(self, text: str, onto: str = "", image=None) -> dict:
@@ -143,9 +144,10 @@ class Engine:
 
     def resumed(self, handle: str):
         if handle not in self.paused:
-            raise InputError("resume", f"resume handle {handle!r} is unknown: it was never returned, was freed, "
+            held = short(sorted(self.paused)) if self.paused else "none"
+            raise InputError("resume", f"resume handle {short(handle)} is unknown: it was never returned, was freed, "
                                        f"or was dropped when more than {self.max_paused} paused runs were kept or "
-                                       f"another model was loaded; held: {sorted(self.paused) or 'none'}")
+                                       f"another model was loaded; held: {held}")
         return self.paused[handle]
 
     def generate(self, req: Request, on_frame=None):
@@ -187,7 +189,7 @@ class Engine:
                 mine = dataclasses.replace(knobs, seed=(knobs.seed + index) % 2**64)
                 try:
                     requests.append(prepare(dm, prompt, mine, context=context, image=req.image, advanced=advanced,
-                                            constraint=req.constraint))
+                                            constraint=req.constraint, should_cancel=run.cancel.is_set))
                 except InputError as err:
                     raise InputError(err.name, f"prompts item {index}: {err}") from None
 

@@ -10,46 +10,53 @@ import binascii
 import re
 from pathlib import Path
 
-from ..dgemma.errors import InputError
+from ..dgemma.errors import InputError, short
 from ..dgemma.knobs import SEED_MAX
 from ..dgemma.pictures import read_picture
 from ..dgemma.resume import AUTO, resolve_start
 
 MAX_IMAGE_BYTES = 32 * 2**20
+NAME_MAX = 255  # bytes of one folder name, on every common file system
 _DATA_URL = re.compile(r"^data:image/[a-z.+-]+;base64,", re.IGNORECASE)
 
 
 def seed(value) -> int:
     """A seed from an integer, or from a string of digits (for seeds past 2^53 - 1, which JSON rounds)."""
     if isinstance(value, str):
-        if not value.strip().isdigit():
-            raise InputError("seed", f"seed must be an integer or a string of digits, got {value!r}; pass e.g. 0 "
-                                     "or \"18446744073709551615\"")
+        if not value.strip().isdigit() or len(value.strip()) > len(str(SEED_MAX)):
+            raise InputError("seed", f"seed must be an integer or a string of digits up to {SEED_MAX}, got "
+                                     f"{short(value)}; pass e.g. 0 or \"18446744073709551615\"")
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
-        raise InputError("seed", f"seed must be an integer from 0 to {SEED_MAX}, got {value!r}; pass seeds above "
-                                 "2^53 - 1 as a string of digits")
+        raise InputError("seed", f"seed must be an integer from 0 to {SEED_MAX}, got {short(value)}; pass seeds "
+                                 "above 2^53 - 1 as a string of digits")
     return value
 
 
 def start_step(value, resume) -> int:
     """The window's start: an integer, or "auto" (where the resumed run paused, else 0)."""
     if isinstance(value, str) and value != "auto":
-        raise InputError("start_step", f"start_step must be an integer or \"auto\", got {value!r}")
+        raise InputError("start_step", f"start_step must be an integer or \"auto\", got {short(value)}")
     return resolve_start(AUTO if value == "auto" else value, resume)
 
 
 def folder(value: str, name: str = "output_dir") -> Path:
     """An output folder: text without NUL bytes, not an existing file; it is created when the run writes."""
     if "\0" in value:
-        raise InputError(name, f"{name} holds a NUL byte ({value!r}); no folder name can; pass a plain path")
-    path = Path(value or "output").expanduser().resolve()
-    for up in (path, *path.parents):
-        if up.exists():
-            if not up.is_dir():
-                raise InputError(name, f"{name} {str(path)!r} is not a folder ({str(up)!r} is a file); pass a "
-                                       "folder, or a path where one can be made")
-            break
+        raise InputError(name, f"{name} holds a NUL byte ({short(value)}); no folder name can; pass a plain path")
+    try:
+        path = Path(value or "output").expanduser().resolve()
+        if any(len(part.encode("utf-8", "replace")) > NAME_MAX for part in path.parts):
+            raise OSError(36, "File name too long")  # found here, not when the run's files are written
+        for up in (path, *path.parents):
+            if up.exists():
+                if not up.is_dir():
+                    raise InputError(name, f"{name} {short(str(path))} is not a folder ({short(str(up))} is a "
+                                           "file); pass a folder, or a path where one can be made")
+                break
+    except (OSError, RuntimeError) as err:  # a name too long, a symlink loop
+        why = getattr(err, "strerror", None) or err
+        raise InputError(name, f"{name} {short(value)} cannot be used as a folder ({why}); pass a plain path") from None
     return path
 
 

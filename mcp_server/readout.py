@@ -17,6 +17,7 @@ from . import inputs
 from .engine import Request
 from .progress import StepMessages
 from .results import CanvasStateOut, GenerateOut, ItemOut
+from .schemas import brief
 
 RUNLOG_URI = "dgemma://runs/{run_id}/runlog.jsonl"
 HIDDEN_STATE = ("raw_ids", "answer_ids")  # ids are long and the text already says them
@@ -29,7 +30,7 @@ def refusals():
     try:
         yield
     except ValueError as err:
-        raise ToolError(str(err)) from err
+        raise ToolError(brief(str(err))) from err
 
 
 def request(engine, v: dict, raw: dict, picture) -> Request:
@@ -46,8 +47,7 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
     knobs["seed"] = inputs.seed(knobs["seed"])
     scheduling = {"name": pick("scheduler"), **{name: pick(name) for name in SCHEDULER_KNOBS}}
     prompt = v["prompt"] if raw.get("prompt") is not None or resume is None else resume.prompt
-    rule = v["constraint"]  # the SDK hands a JSON Schema over as an object
-    constraint = Constraint(v["constraint_type"], json.dumps(rule) if isinstance(rule, dict) else rule)
+    constraint = Constraint(v["constraint_type"], constraint_text(v["constraint"]))
     prompts = tuple(v["prompts"] or ())
     if prompts and (resume is not None or raw.get("prompt")):
         raise InputError("prompts", "prompts cannot be given with prompt or resume: a batch answers its own list "
@@ -55,6 +55,16 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
     return Request(prompt, knobs, v["context"], v["context_handle"], picture, scheduling,
                    inputs.start_step(v["start_step"], resume), v["end_step"], pick("pins"), v["resume"], constraint,
                    prompts)
+
+
+def constraint_text(rule) -> str:
+    """The constraint as text: the SDK hands a JSON Schema over as an object."""
+    if not isinstance(rule, dict):
+        return rule
+    try:
+        return json.dumps(rule)
+    except (RecursionError, ValueError):
+        raise InputError("constraint", "constraint is a JSON Schema nested too deep to read; flatten it") from None
 
 
 def check_with_resume(resume, raw: dict) -> None:

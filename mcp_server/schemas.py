@@ -19,9 +19,11 @@ from mcp_types import ToolAnnotations
 
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import KnobSpec
+from ..dgemma.preflight import short
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 JSON_INT_MAX = 2**53 - 1  # the largest integer every JSON client holds exactly
+MAX_MESSAGE = 1000  # characters of a tool's error text: what a client shows, never a flood
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,10 @@ def knob_arg(name: str, spec: KnobSpec) -> Arg:
     return Arg(name, schema)
 
 
-def text_arg(name: str, description: str, default: str = "") -> Arg:
-    return Arg(name, {"type": "string", "default": default, "description": description})
+def text_arg(name: str, description: str, default: str = "", most: int | None = None) -> Arg:
+    """A string argument; `most` is its length limit, enforced."""
+    return Arg(name, {"type": "string", "default": default, "description": description,
+                      **({"maxLength": most} if most is not None else {})})
 
 
 def flag_arg(name: str, description: str) -> Arg:
@@ -68,21 +72,39 @@ def _kind(value) -> str:
 
 
 def check_value(name: str, value, schema: dict) -> None:
-    """Refuse a value whose JSON type (or choice) is not the advertised one; numbers go to the engine."""
+    """Refuse a value whose JSON type, choice or size is not the advertised one; numbers go to the engine."""
     kind = schema.get("type")
     if kind == "boolean" and not isinstance(value, bool):
-        raise InputError(name, f"{name} must be true or false (a JSON boolean), got {value!r} ({_kind(value)}); "
-                               "pass true or false without quotes")
+        raise InputError(name, f"{name} must be true or false (a JSON boolean), got {short(value)} "
+                               f"({_kind(value)}); pass true or false without quotes")
     if kind == "string" and not isinstance(value, str):
-        raise InputError(name, f"{name} must be a string, got {value!r} ({_kind(value)}); pass it as text")
+        raise InputError(name, f"{name} must be a string, got {short(value)} ({_kind(value)}); pass it as text")
     if kind == "array" and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
-        raise InputError(name, f"{name} must be a list of strings, got {value!r} ({_kind(value)}); pass a JSON "
-                               'array such as ["What is 2+2?", "What is 3+4?"]')
+        raise InputError(name, f"{name} must be a list of strings, got {short(value)} ({_kind(value)}); pass a "
+                               'JSON array such as ["What is 2+2?", "What is 3+4?"]')
     if "enum" in schema and value not in schema["enum"]:
-        raise InputError(name, f"{name} must be one of {', '.join(map(str, schema['enum']))}, got {value!r}")
+        raise InputError(name, f"{name} must be one of {', '.join(map(str, schema['enum']))}, got {short(value)}")
     if kind in ("integer", "number") and (isinstance(value, (bool, str, list, dict)) or value is None):
-        raise InputError(name, f"{name} must be a number, got {value!r} ({_kind(value)}); pass a number such as "
-                               f"the default {schema.get('default')}")
+        raise InputError(name, f"{name} must be a number, got {short(value)} ({_kind(value)}); pass a number such "
+                               f"as the default {schema.get('default')}")
+    check_size(name, value, schema)
+
+
+def check_size(name: str, value, schema: dict) -> None:
+    """The advertised maxItems, minItems and maxLength, which the SDK does not enforce."""
+    if isinstance(value, list) and len(value) > schema.get("maxItems", len(value)):
+        raise InputError(name, f"{name} has {len(value)} items, over the limit of {schema['maxItems']}; split them "
+                               f"over calls of at most {schema['maxItems']}")
+    if isinstance(value, list) and len(value) < schema.get("minItems", 0):
+        raise InputError(name, f"{name} is an empty list; give at least one item, or leave {name} out")
+    if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
+        raise InputError(name, f"{name} is {len(value)} characters, over {schema['maxLength']}; no valid {name} "
+                               "is that long")
+
+
+def brief(message: str) -> str:
+    """A tool's error text, cut so that no value can flood the client."""
+    return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "… (cut)"
 
 
 def check_args(tool: str, args: list[Arg], given: dict) -> None:
@@ -90,8 +112,8 @@ def check_args(tool: str, args: list[Arg], given: dict) -> None:
     known = {a.name: a for a in args}
     for name, value in given.items():
         if name not in known:
-            raise InputError(name, f"{name} is not an argument of {tool} (got {value!r}); its arguments are "
-                                   f"{', '.join(known) or 'none'}")
+            raise InputError(name, f"{short(name)[1:-1]} is not an argument of {tool} (got {short(value)}); its "
+                                   f"arguments are {', '.join(known) or 'none'}")
     for a in args:
         if a.required and a.name not in given:
             raise InputError(a.name, f"{a.name} is required by {tool}; {a.schema.get('description', '')}")
@@ -108,7 +130,7 @@ class CheckedTool(Tool):
         try:
             check_args(self.name, self.args, arguments)
         except InputError as err:
-            raise ToolError(f"Error executing tool {self.name}: {err}") from err
+            raise ToolError(brief(f"Error executing tool {self.name}: {err}")) from err
         return await super().run(arguments, context, convert_result)
 
 

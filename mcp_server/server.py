@@ -20,7 +20,7 @@ from mcp_types import CallToolResult, Resource, ToolAnnotations
 
 from ..dgemma.loop import Cancelled
 from ..dgemma.runlog import pack_version
-from .args import encode_args, generate_args, loader_args
+from .args import MAX_HANDLE, encode_args, generate_args, loader_args
 from .decide import decide_tool
 from .engine import Engine
 from .inputs import folder, image
@@ -28,7 +28,7 @@ from .outputs import runlog_text, write_outputs
 from .progress import BatchMessages
 from .readout import RUNLOG_URI, batch_out, content, generate_out, progress_of, refusals, request
 from .results import CancelOut, EncodeOut, FreeOut, GenerateOut, StatusOut
-from .schemas import Arg, given, make_tool
+from .schemas import Arg, brief, given, make_tool
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
 
@@ -41,7 +41,7 @@ async def in_thread(engine: Engine, fn):
         engine.cancel()  # the client gave up on the request: stop the run too
         raise
     except (ValueError, OSError) as exc:
-        raise ToolError(str(exc)) from exc
+        raise ToolError(brief(str(exc))) from exc
 
 
 def generate_tool(engine: Engine) -> Tool:
@@ -136,8 +136,9 @@ def model_tools(engine: Engine) -> list[Tool]:
         """Stop the generate or encode run in progress before its next step; that call then reports cancelled."""
         return engine.cancel()
 
-    fargs = [Arg("handle", {"type": "string", "description": "A context handle (ctx-...) or a paused run's "
-                                                             "handle (run-...)."}, required=True)]
+    fargs = [Arg("handle", {"type": "string", "maxLength": MAX_HANDLE, "description": "A context handle (ctx-...) "
+                                                                                    "or a paused run's handle "
+                                                                                    "(run-...)."}, required=True)]
 
     async def free_handle(**values) -> FreeOut:
         """Free a context handle or a paused run the server holds, releasing its memory."""

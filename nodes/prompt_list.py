@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from ..dgemma.errors import InputError
-from .schema import CATEGORY
-
-MAX_PROMPTS = 1024
+from .schema import CATEGORY, MAX_LIST
 
 
 def split_prompts(text: str) -> list[str]:
@@ -15,8 +13,8 @@ def split_prompts(text: str) -> list[str]:
     prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]
     if not prompts:
         raise InputError("prompts", "prompts is empty; type one prompt per line")
-    if len(prompts) > MAX_PROMPTS:
-        raise InputError("prompts", f"prompts has {len(prompts)} lines, over {MAX_PROMPTS}; split the list")
+    if len(prompts) > MAX_LIST:
+        raise InputError("prompts", f"prompts has {len(prompts)} lines, over {MAX_LIST}; split the list")
     return prompts
 
 
@@ -40,6 +38,9 @@ class DGemmaPromptList:
 
     @classmethod
     def VALIDATE_INPUTS(cls, prompts):
+        """The lines, when the graph is queued; linked text (None here) is checked when the node runs."""
+        if prompts is None:
+            return True
         try:
             split_prompts(prompts)
         except InputError as err:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..dgemma.outfiles import target_folder
 from ..dgemma.runlog import records, write_jsonl
 from . import host
-from .schema import CANVAS_STATE, CANVAS_TRACE, CATEGORY, RUN_CONFIG, comfy_hints
+from .schema import CANVAS_STATE, CANVAS_TRACE, CATEGORY, RUN_CONFIG, comfy_hints, widget_values
 
 
 class DGemmaRunLogWriter:
@@ -36,7 +36,9 @@ class DGemmaRunLogWriter:
     @classmethod
     def VALIDATE_INPUTS(cls, filename_prefix=None):
         """Refuse a bad prefix before anything runs (ComfyUI calls this while validating the prompt)."""
-        for prefix in filename_prefix or ():
+        for prefix in widget_values(filename_prefix):
+            if prefix is None:  # linked: checked when the node runs
+                continue
             try:
                 target_folder(host.output_dir(), prefix)
             except ValueError as err:

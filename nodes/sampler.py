@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dgemma.backend import backend_of, constraint_options, plan_of, readings_of, run_items
-from ..dgemma.errors import InputError
+from ..dgemma.errors import InputError, short
 from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
 from ..dgemma.tokens import frame_texts
@@ -15,6 +15,7 @@ from .events import DONE, START, STEP, BatchStream
 from .schema import (
     CATEGORY,
     KV_CACHE,
+    MAX_LIST,
     RESUME_HINTS,
     SAMPLER_OUTPUTS,
     comfy_hints,
@@ -26,6 +27,7 @@ from .schema import (
     model_input,
     naming_item,
     output_spec,
+    validate_knobs,
 )
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
@@ -106,16 +108,25 @@ def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image
     with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
         engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
-        options = constraint_options(model, constraint, knobs.gen_length)
+        options = constraint_options(model, constraint, knobs.gen_length, host.check_interrupt)
     options = {"context": kv_cache, "image": image, "advance_context": advance, "advanced": advanced, **options}
     return Call(model, prompt, knobs, advanced, options, advance)
 
 
 def list_items(inputs: dict) -> list[dict]:
-    """ComfyUI's list rule: as many items as the longest list; a shorter list repeats its last value."""
+    """ComfyUI's list rule: as many items as the longest list; a shorter list repeats its last value. An empty
+    list (a node upstream that gave no items) and a list over MAX_LIST are refused before any item is checked."""
     lists = {k: v if isinstance(v, list) else [v] for k, v in inputs.items()}
+    for name, values in lists.items():
+        if not values:
+            raise InputError(name, f"{name} is an empty list: the node wired to it gave no items; give it at "
+                                   "least one")
     count = max((len(v) for v in lists.values()), default=1)
-    return [{k: v[min(i, len(v) - 1)] for k, v in lists.items() if v} for i in range(count)]
+    if count > MAX_LIST:
+        longest = max(lists, key=lambda k: len(lists[k]))
+        raise InputError(longest, f"{longest} is a list of {count} items, over the {MAX_LIST} one sampler runs; "
+                                  "split the list over several samplers")
+    return [{k: v[min(i, len(v) - 1)] for k, v in lists.items()} for i in range(count)]
 
 
 MAX_BATCH = ("INT", {"forceInput": True, "default": 0, "min": 0, "max": 256, "tooltip":
@@ -126,10 +137,13 @@ MAX_BATCH = ("INT", {"forceInput": True, "default": 0, "min": 0, "max": 256, "to
 def max_batch_of(inputs: dict) -> int | None:
     """The node's max_batch (a list input, like every input of a list node), checked; None: automatic."""
     value = inputs.pop("max_batch", [0])
+    if isinstance(value, list) and len(set(map(repr, value))) > 1:
+        raise InputError("max_batch", f"max_batch is a list of {len(value)} different values ({short(value)}); it "
+                                      "sets the whole node's batches, so wire one INT")
     value = value[0] if isinstance(value, list) and value else value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got {value!r}; "
-                                      "wire an INT of 0 or more")
+        raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got "
+                                      f"{short(value)}; wire an INT of 0 or more")
     return value or None
 
 
@@ -203,6 +217,12 @@ class DGemmaSampler:
             "optional": {"image": image_input(), "max_batch": MAX_BATCH},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, t_min=None, t_max=None, entropy_bound=None):
+        """The knob rules ComfyUI cannot check (t_min <= t_max, t_max and entropy_bound above 0, NaN), when the
+        graph is queued: before the Loader loads a model. ComfyUI lists a refusal under each input named here."""
+        return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
 
     def sample(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)

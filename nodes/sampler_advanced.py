@@ -19,6 +19,8 @@ from .schema import (
     image_input,
     knob_inputs,
     output_spec,
+    validate_knobs,
+    widget_values,
 )
 
 PINS_TOOLTIP = ("Text held in place on the canvas (shown pinned). A template pins its text at the start of the "
@@ -76,16 +78,17 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         return spec
 
     @classmethod
-    def VALIDATE_INPUTS(cls, pins=None):
-        """The pins' shape, checked before any node of the prompt runs; it names only `pins`, so ComfyUI
-        keeps its own range and choice checks for every other input (the window is checked at run start)."""
+    def VALIDATE_INPUTS(cls, pins=None, t_min=None, t_max=None, entropy_bound=None):
+        """The pins' shape and the knob rules ComfyUI cannot check, before any node of the prompt runs. ComfyUI
+        keeps its own range and choice checks for every input not named here (the window is checked at run
+        start); a linked input is checked when the node runs."""
         try:
-            for text in pins if isinstance(pins, list) else [pins]:  # a list node is validated with lists
+            for text in widget_values(pins):
                 if text is not None:
                     check_shape(text)
         except InputError as err:
             return str(err)
-        return True
+        return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
 
     def sample_advanced(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)

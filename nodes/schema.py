@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS
+from ..dgemma.knobs import KNOBS, Knobs, check_knob
 
 CATEGORY = "DiffusionGemma"
 MODEL = "DGEMMA_MODEL"
@@ -15,6 +15,7 @@ KV_CACHE = "DGEMMA_KV_CACHE"
 RUN_CONFIG = "DGEMMA_RUN_CONFIG"
 
 _WIDGET = {int: "INT", float: "FLOAT", bool: "BOOLEAN"}
+MAX_LIST = 1024  # items a sampler runs from one list (and lines of a DGemmaPromptList)
 
 
 def knob_inputs(table: dict | None = None) -> dict:
@@ -30,6 +31,39 @@ def knob_inputs(table: dict | None = None) -> dict:
             options["round"] = False
         inputs[name] = (_WIDGET[spec.kind], options)
     return inputs
+
+
+def widget_values(value) -> list:
+    """The widget values ComfyUI hands a VALIDATE_INPUTS for one input: a list for a list node (one per
+    item), `(None,)` or None for a linked input (known only when the node runs): None for each unknown."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+# Stand-ins for a linked knob while its partners are checked: they satisfy every rule between knobs.
+NEUTRAL = {"t_min": 0.0, "t_max": 1.0, "entropy_bound": KNOBS["entropy_bound"].default}
+QUEUE_KNOBS = tuple(NEUTRAL)  # the knobs a sampler's VALIDATE_INPUTS names: rules ComfyUI cannot check
+
+
+def validate_knobs(values: dict):
+    """The engine's checks on the knob widgets ComfyUI has when the graph is queued, before any model loads:
+    ranges, NaN, t_min <= t_max, t_max and entropy_bound above 0. True, or the refusal's text.
+
+    ComfyUI skips its own range check for an input a VALIDATE_INPUTS names, so the range is checked here too;
+    a linked knob is checked when the node runs.
+    """
+    lists = {name: widget_values(values.get(name)) for name in QUEUE_KNOBS}
+    count = max(len(v) for v in lists.values())
+    try:
+        for index in range(count):
+            item = {name: v[min(index, len(v) - 1)] for name, v in lists.items()}
+            with naming_item(index, count):
+                for name, value in item.items():
+                    if value is not None:
+                        check_knob(name, value)
+                Knobs(**{name: NEUTRAL[name] if value is None else value for name, value in item.items()})
+    except InputError as err:
+        return str(err)
+    return True
 
 
 # (type, name, tooltip, is a list)

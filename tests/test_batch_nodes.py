@@ -153,3 +153,25 @@ def test_max_batch_bounds_how_many_items_share_a_forward(demo_model, monkeypatch
     assert sizes == [(3, 2), (3, None)] and two[0] == auto[0] and two[1] == auto[1]
     with pytest.raises(InputError, match="max_batch"):
         call(Sampler, model=demo_model, prompt=PROMPTS[:3], max_batch=-1, **KNOBS)
+
+
+@pytest.mark.parametrize("inputs, says", [
+    (dict(prompt=["What is 2+2?"] * 3000), "prompt is a list of 3000 items, over the 1024 one sampler runs"),
+    (dict(prompt=["What is 2+2?"], seed=list(range(2000))), "seed is a list of 2000 items, over the 1024"),
+    (dict(prompt=[]), "prompt is an empty list: the node wired to it gave no items"),
+    (dict(prompt=PROMPTS[:2], max_batch=[1, 2]), "max_batch is a list of 2 different values ([1, 2])"),
+    (dict(prompt=["Hi", "x " * 20_000]), "list item 1 of 2: prompt is 40025 tokens, over the limit of 8192"),
+])
+def test_hostile_lists_are_refused_before_any_work(tmp_path, demo_model, no_model_work, inputs, says):
+    with fakecomfy.installed(tmp_path) as comfy:
+        with pytest.raises(ValueError) as err:
+            call(Sampler, model=demo_model, **{**KNOBS, **inputs})
+    assert says in str(err.value) and len(str(err.value)) < 500
+    assert comfy.events == []
+    with pytest.raises(ValueError, match="prompts has 10000 lines, over 1024"):
+        call(PromptList, prompts="What is 2+2?\n" * 10_000)
+
+
+def test_one_max_batch_repeated_over_a_list_is_that_value(demo_model):
+    listed, _ = call(Sampler, model=demo_model, prompt=PROMPTS[:2], max_batch=[1, 1], **KNOBS)
+    assert listed[0] == call(Sampler, model=demo_model, prompt=PROMPTS[:2], **KNOBS)[0][0]

@@ -289,3 +289,56 @@ def test_generate_with_several_prompts_runs_them_as_one_batch(demo_model, tmp_pa
     assert bad.is_error and "prompts item 1: prompt is empty" in str(bad.content)
     typed = call(srv, "generate", {"prompts": "Hi"})
     assert typed.is_error and "prompts must be a list of strings" in str(typed.content)
+
+
+def test_a_list_over_its_limit_is_refused_before_any_run(demo_model):
+    from diffusiongemma.mcp_server.args import MAX_PROMPTS, generate_args
+    from diffusiongemma.mcp_server.schemas import check_args
+
+    srv = serve(demo_model)
+    result = call(srv, "generate", {"prompts": ["What is 3+4?"] * 10_000})
+    text = result.content[0].text
+    assert result.is_error and "prompts has 10000 items, over the limit of 64" in text and len(text) < 200
+    assert not srv.engine.runs  # no run was made
+    check_args("generate", generate_args(), {"prompts": ["What is 3+4?"] * MAX_PROMPTS})  # the limit itself passes
+
+
+@pytest.mark.parametrize("tool, args, says", [
+    ("generate", {"prompts": []}, "prompts is an empty list"),
+    ("generate", {"prompts": [["x"]] * 5000}, "prompts must be a list of strings, got [['x'], ['x'], ['x'], "),
+    ("generate", {"prompt": "hi", "constraint_type": "x" * 100_000}, "constraint_type must be one of json_schema"),
+    ("generate", {"prompt": "hi", "scheduler": "x" * 100_000}, "scheduler must be one of entropy_bound"),
+    ("generate", {"prompt": "hi", "context_handle": "ctx\0" * 30_000}, "context_handle is 120000 characters, over"),
+    ("generate", {"prompt": "hi", "resume": "r" * 100_000}, "resume is 100000 characters, over 64"),
+    ("generate", {"prompt": "hi", "output_dir": "a/" + "x" * 300}, "cannot be used as a folder (File name too long)"),
+    ("generate", {"prompt": "hi", "output_dir": "a/" + "x" * 5000}, "output_dir is 5002 characters, over 4096"),
+    ("generate", {"prompt": "hi", "y" * 100_000: 1}, "is not an argument of generate (got 1)"),
+    ("generate", {"prompt": "hi", "thinking": [True] * 100_000}, "thinking must be true or false"),
+    ("generate", {"prompt": "hi", "seed": "9" * 5000}, "seed must be an integer or a string of digits up to"),
+    ("generate", {"prompt": "hi", "seed": 1.5}, "seed must be an integer from 0 to"),
+    ("generate", {"prompt": "hi", "seed": -1}, "seed must be an integer from 0 to"),
+    ("generate", {"prompt": "hi", "start_step": [1]}, "start_step must be an int, got [1]"),
+    ("generate", {"prompt": "hi", "num_inference_steps": 10**30}, "num_inference_steps must be between 1 and 1024"),
+    ("encode", {"text": "a", "onto": "\0" * 100_000}, "onto is 100000 characters, over 64"),
+    ("load_model", {"model": "x" * 300}, "is neither a checkpoint folder nor a hub id"),
+    ("load_model", {"quant": "x" * 10_000}, "quant must be one of none, autoround, got 'xxx"),
+    ("free_handle", {"handle": ["x"] * 10_000}, "handle must be a string, got ['x', 'x', "),
+    ("free_handle", {"handle": "x" * 1_000_000}, "handle is 1000000 characters, over 64"),
+])
+def test_hostile_arguments_are_refused_short_and_named(demo_model, tool, args, says):
+    result = call(serve(demo_model), tool, args)
+    text = result.content[0].text
+    assert result.is_error and says in text and len(text) < 500, text[:600]
+
+
+def test_a_schema_nested_too_deep_to_serialize_is_refused():
+    from diffusiongemma.dgemma.errors import InputError
+    from diffusiongemma.mcp_server.readout import constraint_text
+
+    deep: dict = {}
+    inner = deep
+    for _ in range(100_000):
+        inner["anyOf"] = [{}]
+        inner = inner["anyOf"][0]
+    with pytest.raises(InputError, match="nested too deep to read"):
+        constraint_text(deep)

@@ -121,6 +121,24 @@ def test_a_lone_surrogate_in_pins_is_named(demo_model, no_model_work):
     refused(["pins", "\\ud800", "remove"], lambda: call(NODES["DGemmaSamplerAdvanced"], pins="0: a\ud800", **inputs))
 
 
+@pytest.mark.parametrize("pins, says", [
+    ("100000000000000000000: a", "gives position '100000000000000000000', past any answer"),
+    ("9" * 5000 + ": a", "past any answer"),
+    ("The ___{100000000000000000000} end", "gives blank width '100000000000000000000', past any answer"),
+    (["0: a", "5: b"], "pins must be one text, got a list of 2 item(s)"),
+    (("0: a",), "pins must be one text, got a tuple of 1 item(s)"),
+])
+def test_pins_past_any_answer_or_not_one_text_are_named(demo_model, no_model_work, pins, says):
+    refused(["pins", says], lambda: generate(demo_model, "hi", Knobs(), advanced=Advanced(pins=pins)))
+    assert says in NODES["DGemmaSamplerAdvanced"].VALIDATE_INPUTS(pins=[pins])
+
+
+def test_a_wide_blank_past_the_canvas_is_not_spelled_out(demo_model):
+    """A blank wider than the answer keeps only the positions the run has: a million would be a million ints."""
+    pins = parse_pins(demo_model, "x ___{999999}", 64)
+    assert pins.blanks.size < 64
+
+
 # ---------------------------------------------------------------- knobs at the engine path
 
 def test_a_node_called_without_seed_is_refused(demo_model, no_model_work):
@@ -221,6 +239,9 @@ GRAPH_CASES = [
     ("SaveImage absolute prefix", _graph(**{"3__filename_prefix": "/tmp/x"}), ["node 3", "outside"]),
     ("class_type a list", {**_graph(), "1": {"class_type": ["DGemmaLoader"], "inputs": {}}},
      ["node 1", "class_type"]),
+    ("t_min above t_max", _graph(**{"2__t_min": 0.9, "2__t_max": 0.5}), ["node 2", "t_min", "swap them"]),
+    ("entropy_bound zero", _graph(**{"2__entropy_bound": 0.0}), ["node 2", "entropy_bound must be above 0"]),
+    ("pin past any answer", _graph(**{"2__pins": "100000000000000000000: a"}), ["node 2", "past any answer"]),
 ]
 
 

@@ -210,3 +210,19 @@ def test_the_advanced_sampler_reads_an_image_too(demo_model):
                   scheduler="entropy_bound", start_step=0, end_step=knobs["num_inference_steps"], pins="",
                   image=red, **knobs)
     assert out[0] == "red" and out[5].image["count"] == 1
+
+
+def test_a_picture_too_thin_for_the_processor_is_read_with_a_warning(demo_model):
+    """The processor stretches a 3-pixel side to one pooled patch: the picture reaches the model as one row
+    of soft tokens (the demo reads 64x3 blue as 'ubue'), and the run says so."""
+    knobs = Knobs(seed=7)
+    thin = generate(demo_model, "What colour is this?", knobs, image=colour_image("blue", 64, 3))
+    (warning,) = thin.config.image["warnings"]
+    assert warning.startswith("image 1 (64x3 pixels) reaches the model as a single row of 38 soft tokens")
+    assert f"warning: {warning}" in str(thin.config)
+    tall = prepare_images(demo_model, colour_image("blue", 3, 64)).record["warnings"]
+    assert "single column" in tall[0]
+    for width, height in ((64, 64), (96, 48), (64, 8), (2, 2)):
+        assert "warnings" not in prepare_images(demo_model, colour_image("blue", width, height)).record
+    plain = generate(demo_model, "What colour is this?", knobs, image=colour_image("blue", 64, 64))
+    assert plain.text == "blue" and "warning" not in str(plain.config)
