@@ -123,24 +123,30 @@ class SchemaCost:
                                "compile within the budget"))
         if not isinstance(schema, dict):
             return 1
-        if "$ref" in schema:  # outlines-core inlines references, at most 3 deep
-            key = (schema["$ref"] if isinstance(schema["$ref"], str) else "", refs)
-            if key not in self.memo:
-                self.memo[key] = self.value(self.target(key[0]), where, refs + 1) if refs < 4 else 1
-            return self.memo[key]
+        if "$ref" in schema:
+            return self.ref(schema["$ref"], where, refs)
         if "enum" in schema or "const" in schema:
-            options = schema["enum"] if "enum" in schema else [schema["const"]]
-            return sum(len(json.dumps(v)) for v in options) + 1 if isinstance(options, list) else 1
-        for key in ("anyOf", "oneOf", "allOf"):
-            if isinstance(schema.get(key), list):
-                cost = sum(self.value(s, f"{where}/{key}/{i}", refs) for i, s in enumerate(schema[key]))
-                self.note(cost, where, f"{key} of {len(schema[key])} branches", "give fewer or simpler branches",
-                          multiplies=False)
-                return cost
+            return _literals(schema)
+        branching = next((k for k in ("anyOf", "oneOf", "allOf") if isinstance(schema.get(k), list)), None)
+        if branching is not None:
+            return self.branches(schema[branching], branching, where, refs)
         kinds = schema.get("type")
         if isinstance(kinds, list):
             return sum(self.typed(dict(schema, type=k), where, refs) for k in kinds)
         return self.typed(schema, where, refs)
+
+    def ref(self, target, where: str, refs: int) -> int:
+        """The referenced schema's cost: outlines-core inlines references, at most 3 deep."""
+        key = (target if isinstance(target, str) else "", refs)
+        if key not in self.memo:
+            self.memo[key] = self.value(self.target(key[0]), where, refs + 1) if refs < 4 else 1
+        return self.memo[key]
+
+    def branches(self, schemas: list, key: str, where: str, refs: int) -> int:
+        cost = sum(self.value(s, f"{where}/{key}/{i}", refs) for i, s in enumerate(schemas))
+        self.note(cost, where, f"{key} of {len(schemas)} branches", "give fewer or simpler branches",
+                  multiplies=False)
+        return cost
 
     def typed(self, schema: dict, where: str, refs: int) -> int:
         kind = schema.get("type")
@@ -222,6 +228,12 @@ class SchemaCost:
     def note(self, cost: int, where: str, what: str, fix: str, force: bool = False, multiplies: bool = True) -> None:
         if force or cost > 1:
             self.parts.append(Part(cost, where, what, fix, multiplies))
+
+
+def _literals(schema: dict) -> int:
+    """An enum's or a const's states: the JSON of each value."""
+    options = schema["enum"] if "enum" in schema else [schema["const"]]
+    return sum(len(json.dumps(v)) for v in options) + 1 if isinstance(options, list) else 1
 
 
 def schema_parts(schema) -> tuple[int, list[Part]]:
