@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from .errors import Cancelled, InputError
 
 try:
     from re import _constants as _sre
@@ -278,8 +278,6 @@ def _phases() -> dict:
 def run_child(task: dict, should_cancel=None) -> dict:
     """One outlines-core task in a child process: its result dict, {"overrun": "time"|"memory", "phase"}
     past a limit; the child is killed on Cancel (`should_cancel` true, or raising)."""
-    from .loop import Cancelled
-
     phases = ("regex",) if task["op"] == "regex" else ("probe", "compile")
     wall = 3 * sum(_phases()[p][1] for p in phases) + 10  # CPU limits bound it first, where there are rlimits
     with tempfile.TemporaryFile() as task_file:  # a file, not a pipe: communicate() may be retried

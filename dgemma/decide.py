@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .cache import fork_cache
-from .errors import InputError
+from .errors import Cancelled, InputError
 from .knobs import Knobs
-from .loop import BlockDecoder, Cancelled
+from .loop import BlockDecoder
 from .payloads import check_model
 from .run import RunResult, fresh_start, prepare, run_watched
 from .seeding import make_generator

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from . import deviceplan, patches, patching, preflight
+from .errors import LoadCancelled
 from .identity import checkpoint_identity
 from .payloads import DGemmaModel
 from .preflight import short
@@ -124,10 +125,6 @@ def _channel_ids(tokenizer) -> tuple[int, int] | None:
     if any(i is None or i == tokenizer.unk_token_id for i in ids):
         return None
     return ids[0], ids[1]
-
-
-class LoadCancelled(Exception):
-    """Raised between two tensors when the caller's cancel check asks the load to stop."""
 
 
 @contextlib.contextmanager

@@ -9,9 +9,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 
-from ..dgemma.errors import InputError
+from ..dgemma.errors import Cancelled, InputError
 from ..dgemma.knobs import check_knob
-from ..dgemma.loop import Cancelled
 from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_continues
 from ..dgemma.run import RunResult, check_turn
 from ..dgemma.tokens import check_text

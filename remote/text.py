@@ -17,8 +17,7 @@ import uuid
 
 import numpy as np
 
-from ..dgemma.errors import InputError
-from ..dgemma.loop import Cancelled
+from ..dgemma.errors import Cancelled, InputError
 from ..dgemma.payloads import CanvasState, RunConfig
 from ..dgemma.readings import Readings
 from ..dgemma.run import RunResult, check_turn

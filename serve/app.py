@@ -15,8 +15,7 @@ import uuid
 
 from aiohttp import web
 
-from ..dgemma.errors import InputError
-from ..dgemma.loop import Cancelled
+from ..dgemma.errors import Cancelled, InputError
 from ..dgemma.wire import step_json
 from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
