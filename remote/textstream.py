@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from ..dgemma.trace import Frame, Recorder
+from ..dgemma.wire import TIMINGS
 from .http import RemoteError
 
 PIECE = re.compile(r"<\|?[a-z_]{1,24}\|?>|\s?[^\s<]{1,7}|\s|<")  # markup whole; words in pieces the view shows
@@ -138,7 +139,7 @@ class TextStream:
         if "error" in chunk:
             raise RemoteError(f"{self.url} stopped the run: {str(chunk['error'])[:300]}")
         self.usage = numbers(chunk.get("usage"), "usage", self.url) or self.usage
-        self.timings = numbers(chunk.get("timings"), "timings", self.url) or self.timings
+        self.timings = numbers(chunk.get(TIMINGS), TIMINGS, self.url) or self.timings
         new = ""
         choices = chunk.get("choices") or []
         for choice in choices if isinstance(choices, list) else []:
