@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 from .context import encode_context
 from .errors import InputError
 from .guide import guide_for
-from .loop import num_blocks
+from .knobs import num_blocks
 from .run import generate, prepare, run_batch
 from .schedulers import Scheduling
 

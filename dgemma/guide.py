@@ -15,6 +15,7 @@ import math
 import torch
 
 from .automaton import DONE, START
+from .knobs import num_blocks
 
 TOP_K = 8
 BONUS = 1.0e4   # per kept proposal: outweighs any difference of logits
@@ -189,7 +190,7 @@ def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> Guide | No
         raise InputError("constraint", f"constraint must be a Constraint, got {type(constraint).__name__}")
     if not constraint.active:
         return None
-    blocks = math.ceil(gen_length / dm.canvas_length)
+    blocks = num_blocks(gen_length, dm.canvas_length)
     shape = one_value(constraint)
     found = automaton(dm, constraint if shape is None else shape.choice, should_cancel)
     need, positions = found.dist[START], blocks * dm.canvas_length

@@ -12,12 +12,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
-import math
 import uuid
 
 import numpy as np
 
 from ..dgemma.errors import Cancelled, InputError
+from ..dgemma.knobs import num_blocks
 from ..dgemma.payloads import CanvasState, RunConfig
 from ..dgemma.readings import Readings
 from ..dgemma.run import RunResult, check_turn
@@ -112,7 +112,7 @@ class TextBackend:
 
     def plan(self, model, knobs) -> tuple:
         """(blocks, steps per block) the live view announces; None where only the engine knows."""
-        return (math.ceil(knobs.gen_length / model.canvas_length) if model.canvas_length else None), None
+        return (num_blocks(knobs.gen_length, model.canvas_length) if model.canvas_length else None), None
 
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
             advance_context=False, advanced=None) -> RunResult:
@@ -185,7 +185,7 @@ class FramesBackend(TextBackend):
         return self.most_blocks(knobs), None
 
     def most_blocks(self, knobs) -> int:
-        return math.ceil(knobs.gen_length / SHIM_BLOCK)
+        return num_blocks(knobs.gen_length, SHIM_BLOCK)
 
     def take(self, stream, chunk) -> None:
         if not isinstance(chunk, dict) or chunk.get("type") != FRAME:
