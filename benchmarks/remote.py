@@ -29,7 +29,7 @@ from remote_server import served  # noqa: E402
 
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
 from diffusiongemma.dgemma.demo import DEMO_DIR  # noqa: E402
-from diffusiongemma.dgemma.loop import Cancelled  # noqa: E402
+from diffusiongemma.dgemma.errors import Cancelled  # noqa: E402
 from diffusiongemma.remote.connect import connect  # noqa: E402
 
 PROMPT = "What is 3+4?"

@@ -6,12 +6,31 @@ here, by this process's engine. Both give the same RunResult and feed the same o
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from .context import encode_context
 from .errors import InputError
 from .guide import guide_for
-from .loop import num_blocks
+from .knobs import num_blocks
 from .run import generate, prepare, run_batch
 from .schedulers import Scheduling
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What runs a model's requests: this process's engine (`LocalBackend`), this pack's server
+    (remote.pack.PackBackend) or a text dialect's server (remote.text.TextBackend; the dialects and how
+    each is recognised: remote/dialects.py). Optional, read with getattr below: `plan(model, knobs)`,
+    `readings` (what its stream leaves unknown) and `takes_constraints`."""
+
+    def check(self, model, prompt, knobs, context=None, image=None, advanced=None):
+        """Every check that needs no model work, before any event or progress is shown."""
+
+    def run(self, model, prompt, knobs, **options):
+        """One run (the options of `generate`): a RunResult, each step given to `on_frame`."""
+
+    def encode(self, model, text, onto=None, should_cancel=None, image=None):
+        """`text` (and `image`) as a KV context, onto `onto` when given."""
 
 
 class LocalBackend:
@@ -31,7 +50,7 @@ class LocalBackend:
 LOCAL = LocalBackend()
 
 
-def backend_of(model):
+def backend_of(model) -> Backend:
     return getattr(model, "backend", None) or LOCAL
 
 

@@ -65,25 +65,40 @@ def check_schema(schema, where: str = "#", depth: int = 0) -> dict:
         return schema
     if not isinstance(schema, dict):
         raise InputError("constraint", f"the JSON Schema at {where} must be an object, got {type(schema).__name__}")
-    if any(k in schema for k in BOUNDS):
-        if not _json_type_is(schema, "integer"):
-            bound = next(k for k in BOUNDS if k in schema)
-            raise InputError("constraint", f"unsupported schema keyword {bound!r} at {where} (only integers may be "
-                                           "bounded); remove it or make the value an integer")
-        schema = _integer_enum(schema, where)
+    schema = _unbounded(schema, where)
     for key in schema:
         if key not in SUPPORTED:
             raise InputError("constraint", f"unsupported schema keyword {short(key)} at {where}: it would not be "
                                            f"enforced; remove it (supported: {', '.join(sorted(SUPPORTED))})")
-    out = dict(schema)
-    for key, value in schema.items():
-        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            out[key] = {n: check_schema(sub, f"{where}/{key}/{_name(n)}", depth + 1) for n, sub in value.items()}
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
-            out[key] = [check_schema(sub, f"{where}/{key}/{i}", depth + 1) for i, sub in enumerate(value)]
-        elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            out[key] = check_schema(value, f"{where}/{key}", depth + 1)
-    return out
+    return {key: _checked_part(key, value, f"{where}/{key}", depth + 1) for key, value in schema.items()}
+
+
+def _unbounded(schema: dict, where: str) -> dict:
+    """An integer's bounds as an enum; bounds on anything else refused."""
+    if not any(k in schema for k in BOUNDS):
+        return schema
+    if not _json_type_is(schema, "integer"):
+        bound = next(k for k in BOUNDS if k in schema)
+        raise InputError("constraint", f"unsupported schema keyword {bound!r} at {where} (only integers may be "
+                                       "bounded); remove it or make the value an integer")
+    return _integer_enum(schema, where)
+
+
+# The keywords that hold sub-schemas: a map of them, a list of them, or one.
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = ("items", "additionalProperties")
+
+
+def _checked_part(key: str, value, where: str, depth: int):
+    """A keyword's value, its sub-schemas checked; any other value as it is."""
+    if key in _SCHEMA_MAPS and isinstance(value, dict):
+        return {n: check_schema(sub, f"{where}/{_name(n)}", depth) for n, sub in value.items()}
+    if key in _SCHEMA_LISTS and isinstance(value, list):
+        return [check_schema(sub, f"{where}/{i}", depth) for i, sub in enumerate(value)]
+    if key in _SCHEMA_ONES and isinstance(value, dict):
+        return check_schema(value, where, depth)
+    return value
 
 
 def _name(name: str) -> str:

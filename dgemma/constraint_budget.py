@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from .errors import Cancelled, InputError
 
 try:
     from re import _constants as _sre
@@ -123,24 +123,30 @@ class SchemaCost:
                                "compile within the budget"))
         if not isinstance(schema, dict):
             return 1
-        if "$ref" in schema:  # outlines-core inlines references, at most 3 deep
-            key = (schema["$ref"] if isinstance(schema["$ref"], str) else "", refs)
-            if key not in self.memo:
-                self.memo[key] = self.value(self.target(key[0]), where, refs + 1) if refs < 4 else 1
-            return self.memo[key]
+        if "$ref" in schema:
+            return self.ref(schema["$ref"], where, refs)
         if "enum" in schema or "const" in schema:
-            options = schema["enum"] if "enum" in schema else [schema["const"]]
-            return sum(len(json.dumps(v)) for v in options) + 1 if isinstance(options, list) else 1
-        for key in ("anyOf", "oneOf", "allOf"):
-            if isinstance(schema.get(key), list):
-                cost = sum(self.value(s, f"{where}/{key}/{i}", refs) for i, s in enumerate(schema[key]))
-                self.note(cost, where, f"{key} of {len(schema[key])} branches", "give fewer or simpler branches",
-                          multiplies=False)
-                return cost
+            return _literals(schema)
+        branching = next((k for k in ("anyOf", "oneOf", "allOf") if isinstance(schema.get(k), list)), None)
+        if branching is not None:
+            return self.branches(schema[branching], branching, where, refs)
         kinds = schema.get("type")
         if isinstance(kinds, list):
             return sum(self.typed(dict(schema, type=k), where, refs) for k in kinds)
         return self.typed(schema, where, refs)
+
+    def ref(self, target, where: str, refs: int) -> int:
+        """The referenced schema's cost: outlines-core inlines references, at most 3 deep."""
+        key = (target if isinstance(target, str) else "", refs)
+        if key not in self.memo:
+            self.memo[key] = self.value(self.target(key[0]), where, refs + 1) if refs < 4 else 1
+        return self.memo[key]
+
+    def branches(self, schemas: list, key: str, where: str, refs: int) -> int:
+        cost = sum(self.value(s, f"{where}/{key}/{i}", refs) for i, s in enumerate(schemas))
+        self.note(cost, where, f"{key} of {len(schemas)} branches", "give fewer or simpler branches",
+                  multiplies=False)
+        return cost
 
     def typed(self, schema: dict, where: str, refs: int) -> int:
         kind = schema.get("type")
@@ -224,6 +230,12 @@ class SchemaCost:
             self.parts.append(Part(cost, where, what, fix, multiplies))
 
 
+def _literals(schema: dict) -> int:
+    """An enum's or a const's states: the JSON of each value."""
+    options = schema["enum"] if "enum" in schema else [schema["const"]]
+    return sum(len(json.dumps(v)) for v in options) + 1 if isinstance(options, list) else 1
+
+
 def schema_parts(schema) -> tuple[int, list[Part]]:
     """(estimated states, the costly parts) of a checked schema; refuses outright what never compiles."""
     found = SchemaCost(schema if isinstance(schema, dict) else {})
@@ -266,8 +278,6 @@ def _phases() -> dict:
 def run_child(task: dict, should_cancel=None) -> dict:
     """One outlines-core task in a child process: its result dict, {"overrun": "time"|"memory", "phase"}
     past a limit; the child is killed on Cancel (`should_cancel` true, or raising)."""
-    from .loop import Cancelled
-
     phases = ("regex",) if task["op"] == "regex" else ("probe", "compile")
     wall = 3 * sum(_phases()[p][1] for p in phases) + 10  # CPU limits bound it first, where there are rlimits
     with tempfile.TemporaryFile() as task_file:  # a file, not a pipe: communicate() may be retried

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import encode_ids, fork_cache, input_device, new_cache
-from .errors import InputError
-from .loop import Cancelled
+from .errors import Cancelled, InputError
 from .payloads import check_model
 from .tokens import check_text, literal_ids
 from .vision import check_image_tensor, check_vision, image_token_ids, prepare_images

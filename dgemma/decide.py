@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .cache import fork_cache
-from .errors import InputError
+from .errors import Cancelled, InputError
 from .knobs import Knobs
-from .loop import BlockDecoder, Cancelled
+from .loop import BlockDecoder
 from .payloads import check_model
 from .run import RunResult, fresh_start, prepare, run_watched
 from .seeding import make_generator
@@ -163,30 +163,34 @@ class Reader:
     @torch.no_grad()
     def probabilities(self, plan: ReadPlan, bases, self_cond=None) -> np.ndarray:
         """(D, K) float64: each option's probability on each of D base canvases (1, L)."""
-        R = len(plan.rows)
         wanted: dict[tuple[int, int], set] = {}
         for factors in plan.terms:
             for r, pos, token in factors:
                 wanted.setdefault((r, pos), set()).add(token)
         values: dict[tuple[int, int, int, int], float] = {}
-        jobs = [(d, r) for d in range(len(bases)) for r in range(R)]
+        jobs = [(d, r) for d in range(len(bases)) for r in range(len(plan.rows))]
         for lo in range(0, len(jobs), self.rows):
-            chunk = jobs[lo:lo + self.rows]
-            canvases = torch.cat([bases[d] for d, _ in chunk]).clone()
-            for i, (_, r) in enumerate(chunk):
-                for pos, token in plan.rows[r]:
-                    canvases[i, pos] = token
-            logits = self.logits(canvases, self_cond)
-            for i, (d, r) in enumerate(chunk):
-                for (row, pos), tokens in wanted.items():
-                    if row == r:
-                        logp = torch.log_softmax(logits[i, pos].double(), -1)
-                        values.update({(d, r, pos, t): float(logp[t]) for t in tokens})
+            values.update(self._read(plan, bases, jobs[lo:lo + self.rows], wanted, self_cond))
         scores = np.array([[sum(values[(d, r, pos, t)] for r, pos, t in factors) for factors in plan.terms]
                            for d in range(len(bases))], np.float64)
         scores -= scores.max(axis=1, keepdims=True)
         p = np.exp(scores)
         return p / p.sum(axis=1, keepdims=True)
+
+    def _read(self, plan: ReadPlan, bases, chunk, wanted: dict, self_cond) -> dict:
+        """Log-probabilities of the wanted tokens, one forward for a chunk of (base, row) canvases."""
+        canvases = torch.cat([bases[d] for d, _ in chunk]).clone()
+        for i, (_, r) in enumerate(chunk):
+            for pos, token in plan.rows[r]:
+                canvases[i, pos] = token
+        logits = self.logits(canvases, self_cond)
+        values = {}
+        for i, (d, r) in enumerate(chunk):
+            for (row, pos), tokens in wanted.items():
+                if row == r:
+                    logp = torch.log_softmax(logits[i, pos].double(), -1)
+                    values.update({(d, r, pos, t): float(logp[t]) for t in tokens})
+        return values
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The engine's one error type for bad input: it names the input, so callers can add their hints."""
+"""The engine's one error type for bad input (it names the input, so callers can add their hints), and the
+two a cancel check raises: `Cancelled` between a run's steps, `LoadCancelled` between a load's tensors."""
 
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ class InputError(ValueError):
             message = message[:MAX_MESSAGE - 8] + "… (cut)"
         super().__init__(message)
         self.name = name
+
+
+class Cancelled(Exception):
+    """Raised between steps when the caller's cancel check asks the run to stop."""
+
+    def __init__(self, steps_done: int):
+        super().__init__(f"run cancelled after {steps_done} steps")
+        self.steps_done = steps_done
+
+
+class LoadCancelled(Exception):
+    """Raised between two tensors when the caller's cancel check asks the load to stop."""
 
 
 def short(value) -> str:

@@ -15,6 +15,7 @@ import math
 import torch
 
 from .automaton import DONE, START
+from .knobs import num_blocks
 
 TOP_K = 8
 BONUS = 1.0e4   # per kept proposal: outweighs any difference of logits
@@ -119,23 +120,8 @@ def viterbi(automaton, start: int, options, left: int, previous) -> list[int] | 
     """The best-scoring token path the automaton accepts from `start`, ending within reach of DONE."""
     keep = _states_along(automaton, start, previous)
     layer, back = {start: 0.0}, []
-    step = automaton.next_state
     for i, choices in enumerate(options):
-        nxt: dict = {}
-        for state, score in layer.items():
-            for token, value in choices:
-                new = step(state, token)
-                if new is None:
-                    continue
-                total = score + value
-                best = nxt.get(new)
-                if best is None or total > best[0]:
-                    nxt[new] = (total, state, token)
-        if len(nxt) > BEAM:
-            ranked = sorted(nxt, key=lambda s: nxt[s][0], reverse=True)[:BEAM]
-            if keep[i] in nxt and keep[i] not in ranked:
-                ranked.append(keep[i])
-            nxt = {s: nxt[s] for s in ranked}
+        nxt = _pruned(_advance(automaton.next_state, layer, choices), keep[i])
         back.append(nxt)
         layer = {s: entry[0] for s, entry in nxt.items()}
     ends = [s for s in layer if automaton.dist.get(s, math.inf) <= left]
@@ -146,6 +132,31 @@ def viterbi(automaton, start: int, options, left: int, previous) -> list[int] | 
         _, state, token = nxt[state]
         path.append(token)
     return path[::-1]
+
+
+def _advance(step, layer: dict, choices) -> dict:
+    """One position: each reachable state's best (score, previous state, token)."""
+    nxt: dict = {}
+    for state, score in layer.items():
+        for token, value in choices:
+            new = step(state, token)
+            if new is None:
+                continue
+            total = score + value
+            best = nxt.get(new)
+            if best is None or total > best[0]:
+                nxt[new] = (total, state, token)
+    return nxt
+
+
+def _pruned(nxt: dict, keep) -> dict:
+    """The BEAM best states, and the state the previous canvas reaches here."""
+    if len(nxt) <= BEAM:
+        return nxt
+    ranked = sorted(nxt, key=lambda s: nxt[s][0], reverse=True)[:BEAM]
+    if keep in nxt and keep not in ranked:
+        ranked.append(keep)
+    return {s: nxt[s] for s in ranked}
 
 
 def _states_along(automaton, start: int, tokens) -> list:
@@ -179,7 +190,7 @@ def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> Guide | No
         raise InputError("constraint", f"constraint must be a Constraint, got {type(constraint).__name__}")
     if not constraint.active:
         return None
-    blocks = math.ceil(gen_length / dm.canvas_length)
+    blocks = num_blocks(gen_length, dm.canvas_length)
     shape = one_value(constraint)
     found = automaton(dm, constraint if shape is None else shape.choice, should_cancel)
     need, positions = found.dist[START], blocks * dm.canvas_length

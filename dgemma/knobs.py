@@ -5,6 +5,7 @@ The nodes build their widgets from `KNOBS`, so the engine and the canvas agree o
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from .errors import InputError, short
@@ -109,8 +110,14 @@ class Knobs:
         return (self.num_inference_steps - step) / self.num_inference_steps
 
     def temperature(self, step: int) -> float:
-        """The scheduler's annealed temperature at `step` (0-based) of a block."""
+        """The entropy_bound schedule's temperature at `step` (0-based) of a block, as these knobs set it: the
+        clock of a Recorder given no scheduler; a run's steps read theirs from its built scheduler."""
         return self.t_min + (self.t_max - self.t_min) * self.position(step)
+
+
+def num_blocks(gen_length: int, canvas_length: int) -> int:
+    """Blocks a run of `gen_length` tokens takes on a canvas of `canvas_length` positions: the one count."""
+    return math.ceil(gen_length / canvas_length)
 
 
 def knobs_from(values: dict, every: bool = False) -> Knobs:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from . import deviceplan, patches, preflight
+from . import deviceplan, patches, patching, preflight
+from .errors import LoadCancelled
 from .identity import checkpoint_identity
 from .payloads import DGemmaModel
 from .preflight import short
@@ -126,13 +127,6 @@ def _channel_ids(tokenizer) -> tuple[int, int] | None:
     return ids[0], ids[1]
 
 
-class LoadCancelled(Exception):
-    """Raised between two tensors when the caller's cancel check asks the load to stop."""
-
-
-_PATCH_LOCK = threading.Lock()  # one scoped wrapper at a time: the hooked function is module-global
-
-
 @contextlib.contextmanager
 def cancel_checks(should_cancel):
     """Call `should_cancel` before each tensor transformers puts into the model; True stops the load.
@@ -160,12 +154,8 @@ def cancel_checks(should_cancel):
         placed += 1
         return original(*args, **kwargs)
 
-    with _PATCH_LOCK:
-        cml.set_param_for_module = checked
-        try:
-            yield
-        finally:
-            cml.set_param_for_module = original
+    with patching.swap(cml, set_param_for_module=checked):
+        yield
 
 
 def vetted_config(folder: Path | None, where: str, local: bool) -> dict:

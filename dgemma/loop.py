@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import encode_ids, input_device
+from .errors import Cancelled
 from .guide import UNCONSTRAINED
 from .knobs import Knobs
 from .pins import Pins
@@ -26,14 +27,6 @@ from .trace import Frame, Recorder
 from .versions import cache_kw
 
 STABILITY_STEPS = 1  # the released generation config's stability_threshold
-
-
-class Cancelled(Exception):
-    """Raised between steps when the caller's cancel check asks the run to stop."""
-
-    def __init__(self, steps_done: int):
-        super().__init__(f"run cancelled after {steps_done} steps")
-        self.steps_done = steps_done
 
 
 def num_blocks(gen_length: int, canvas_length: int) -> int:

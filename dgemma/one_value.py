@@ -71,22 +71,9 @@ def _text(value) -> str:
 
 def one_value(constraint) -> OneValue | None:
     """The schema's one value and its key, or None when the schema is not one value from a list."""
-    if constraint is None or constraint.kind != "json_schema" or not constraint.active:
-        return None
-    try:
-        schema = check_schema(json.loads(constraint.text))
-    except (ValueError, InputError):
-        return None  # the constraint's own compile names what is wrong
-    if not isinstance(schema, dict) or set(schema) - NOTES - {"type", "properties", "required",
-                                                               "additionalProperties"}:
-        return None
-    props = schema.get("properties")
-    if schema.get("type", "object") != "object" or not isinstance(props, dict) or len(props) != 1:
-        return None
-    key = next(iter(props))
-    if schema.get("required") != [key] or schema.get("additionalProperties", False) is not False:
-        return None  # the compiled automaton writes no property it was not given, whether or not it is forbidden
-    values = _values(props[key])
+    schema = _schema(constraint)
+    key = None if schema is None else _only_key(schema)
+    values = None if key is None else _values(schema["properties"][key])
     if values is None:
         return None
     texts = [_text(v) for v in values]
@@ -94,3 +81,27 @@ def one_value(constraint) -> OneValue | None:
     if not clean or len(set(texts)) != len(texts):
         return None
     return OneValue(key, tuple(zip(texts, values)))
+
+
+def _schema(constraint) -> dict | None:
+    """A JSON Schema constraint's checked schema; None for any other constraint, or one that fails to check."""
+    if constraint is None or constraint.kind != "json_schema" or not constraint.active:
+        return None
+    try:
+        schema = check_schema(json.loads(constraint.text))
+    except (ValueError, InputError):
+        return None  # the constraint's own compile names what is wrong
+    return schema if isinstance(schema, dict) else None
+
+
+def _only_key(schema: dict) -> str | None:
+    """The name of an object's one property, required, and no other allowed; else None."""
+    if set(schema) - NOTES - {"type", "properties", "required", "additionalProperties"}:
+        return None
+    props = schema.get("properties")
+    if schema.get("type", "object") != "object" or not isinstance(props, dict) or len(props) != 1:
+        return None
+    key = next(iter(props))
+    if schema.get("required") != [key] or schema.get("additionalProperties", False) is not False:
+        return None  # the compiled automaton writes no property it was not given, whether or not it is forbidden
+    return key

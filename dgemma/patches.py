@@ -13,20 +13,21 @@
   arrive as one alternation (`merged_tie_patterns`), searched as the compiled pattern it is, its
   quantization schemes list their dataclass fields from a cache (`cached_scheme_fields`), and its
   packed layers of one kind and shape are copies of the first one built (`copied_quant_layers`).
+- transformers: while a load with a cancel check runs, each tensor it places first asks the check
+  (`set_param_for_module`, `loading.cancel_checks`).
 - Python: the cyclic garbage collector pauses while a load builds its model (`paused_gc`).
 - transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
   numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/batch.py);
   every other call is sdpa's own.
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
-just the number), is logged once, and edits no installed file.
+just the number), is logged once, and edits no installed file: all through dgemma/patching.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import re
 import sys
 import threading
@@ -35,14 +36,10 @@ from collections import defaultdict
 
 import torch
 
-log = logging.getLogger("dgemma")
-_logged: set[str] = set()
+from .patches_autoround import for_autoround_load
+from .patching import LOCK, note_once
 
-
-def _note(name: str, applied: bool, why: str) -> None:
-    if name not in _logged:
-        _logged.add(name)
-        log.info("patch %s: %s (%s)", name, "applied" if applied else "not applied", why)
+_install_lock, _note = LOCK, note_once  # the names dgemma/batch.py's sdpa patch uses
 
 
 class LazyPattern:
@@ -59,7 +56,6 @@ class LazyPattern:
         return getattr(self._compiled, name)
 
 
-_install_lock = threading.Lock()
 _PLAIN_KEY = re.compile(r"[\w.\-]+", re.ASCII)  # a key with no regex syntax but the dot
 _ALNUM_END = re.compile(r"[a-zA-Z0-9]$")
 _PROBES = (("model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.down_proj.weight"),
@@ -130,31 +126,42 @@ def plain_key_renamings() -> bool:
     except ImportError:
         return False
     cls, base = getattr(cml, "WeightRenaming", None), getattr(cml, "WeightTransform", None)
-    with _install_lock:
-        applied = getattr(vars(cls).get("__init__") if cls else None, "dgemma_plain", False)
-        if not applied and base is not None and "__init__" not in vars(cls):
-            try:
-                init = _plain_init(cls, base.__init__, _key_ends(cls, base.__init__))
-            except Exception:  # noqa: BLE001 - any surprise means the constructor is not the checked kind
-                init = None
-            if init is not None and _builds_alike(cls, base.__init__, init):
-                cls.__init__, applied = init, True
-    _note("transformers per-key renaming", applied, "exact keys built directly" if applied
-          else "loader code differs")
+    applied = _plain_installed(cls)
+    if not applied:  # installed once; a load after that takes no lock
+        with LOCK:
+            applied = _plain_installed(cls) or _install_plain(cls, base)
+    note_once("transformers per-key renaming", applied,
+              "exact keys built directly" if applied else "loader code differs")
     return applied
+
+
+def _plain_installed(cls) -> bool:
+    return getattr(vars(cls).get("__init__") if cls else None, "dgemma_plain", False)
+
+
+def _install_plain(cls, base) -> bool:
+    """Give `cls` the plain-key constructor where it builds every slot as the general one does."""
+    if base is None or "__init__" in vars(cls):
+        return False
+    try:
+        init = _plain_init(cls, base.__init__, _key_ends(cls, base.__init__))
+    except Exception:  # noqa: BLE001 - any surprise means the constructor is not the checked kind
+        return False
+    if not _builds_alike(cls, base.__init__, init):
+        return False
+    cls.__init__ = init
+    return True
 
 
 @contextlib.contextmanager
 def for_load(quant: str):
     """Everything a load of this quant mode runs under."""
-    from .patches_autoround import for_autoround_load
-
     plain_key_renamings()
     with for_autoround_load(quant):
         yield
 
 
-_gc_lock = threading.Lock()
+_gc_lock = threading.Lock()  # guards the count of overlapping loads (no library attribute), held for no load
 _gc_state = {"pausers": 0, "was_enabled": False}
 
 
@@ -213,11 +220,13 @@ def _installed(scheduler) -> bool:
     step_names = getattr(type(scheduler).step, "__code__", None)
     if module is None or step_names is None or "Categorical" not in step_names.co_names:
         return False
-    with _install_lock:
-        if getattr(module, "torch", None) is torch:
-            module.torch = _TorchView()
-        applied = isinstance(getattr(module, "torch", None), _TorchView)
-    _note("diffusers scheduler entropy", applied, "kept from its step" if applied else "module has no torch")
+    applied = isinstance(getattr(module, "torch", None), _TorchView)
+    if not applied:  # installed once; a step after that takes no lock
+        with LOCK:
+            if getattr(module, "torch", None) is torch:
+                module.torch = _TorchView()
+            applied = isinstance(getattr(module, "torch", None), _TorchView)
+    note_once("diffusers scheduler entropy", applied, "kept from its step" if applied else "module has no torch")
     return applied
 
 

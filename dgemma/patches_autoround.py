@@ -10,16 +10,12 @@ import contextlib
 import dataclasses
 import inspect
 import re
-import threading
 import types
 
 import torch
 
-from .patches import _note
+from .patching import note_once, swap
 
-_PATCH_LOCK = threading.Lock()  # the wrapped auto-round attribute is module-global
-_SCHEMES_LOCK = threading.Lock()  # held inside _PATCH_LOCK by a load: its own lock
-_LAYERS_LOCK = threading.Lock()  # held inside both, likewise
 _MERGE_TESTED = ("0.16",)  # auto-round versions whose pattern use the merge was checked against
 _PLAIN_NAME = re.compile(r"[\w.\-]+")
 
@@ -66,7 +62,7 @@ def merged_tie_patterns(quant: str):
     def merged(*args, **kwargs):
         return merge_patterns(original(*args, **kwargs))
 
-    with _swapped(_PATCH_LOCK, convert, get_modules_to_not_convert=merged, re=_PatternSearchRe()):
+    with swap(convert, get_modules_to_not_convert=merged, re=_PatternSearchRe()):
         yield
 
 
@@ -138,7 +134,7 @@ def cached_scheme_fields(quant: str):
             known[cls] = dataclasses.fields(cls)
         return known[cls]
 
-    with _swapped(_SCHEMES_LOCK, schemes, fields=cached):
+    with swap(schemes, fields=cached):
         yield
 
 
@@ -159,7 +155,7 @@ def _tested(quant: str, patch: str, done: str, find):
     if quant != "autoround":
         return None
     found = find()
-    _note(patch, found is not None, done if found is not None else "auto-round version or code differs")
+    note_once(patch, found is not None, done if found is not None else "auto-round version or code differs")
     return found
 
 
@@ -169,20 +165,6 @@ def _code_names(code) -> set[str]:
         return set()
     nested = [c for c in code.co_consts if hasattr(c, "co_names")]
     return set(code.co_names).union(*(_code_names(c) for c in nested))
-
-
-@contextlib.contextmanager
-def _swapped(lock, module, **attributes):
-    """`module`'s attributes replaced for the length of the block (under `lock`, as they are module-global)."""
-    with lock:
-        originals = {name: getattr(module, name) for name in attributes}
-        for name, value in attributes.items():
-            setattr(module, name, value)
-        try:
-            yield
-        finally:
-            for name, value in originals.items():
-                setattr(module, name, value)
 
 
 @contextlib.contextmanager
@@ -222,7 +204,7 @@ def copied_quant_layers(quant: str):
             return build(layer, backend, config, in_features, out_features, packing_format)
         return _copy(firsts[kind])
 
-    with _swapped(_LAYERS_LOCK, _autoround_convert_module(), _create_quant_layer=copied):
+    with swap(_autoround_convert_module(), _create_quant_layer=copied):
         yield
 
 

@@ -232,23 +232,31 @@ def _refuse_meta(model) -> None:
 
 def _quantized_by_config(model, config) -> set[str]:
     """Parameter names auto-round will replace with packed layers, per the checkpoint's config."""
+    blocks, extra, bits = _quant_scope(config)
+    return {f"{mod_name}.{p_name}"
+            for mod_name, module in model.named_modules() if _under(mod_name, blocks)
+            for p_name, param in module.named_parameters(recurse=False)
+            if _packs(module, mod_name, p_name, param, extra, bits)}
+
+
+def _quant_scope(config) -> tuple[list[str], dict, int]:
+    """The block names a quantization_config covers, its per-layer overrides and its default bits."""
     qc = getattr(config, "quantization_config", None) or {}
     get = qc.get if isinstance(qc, dict) else lambda k, d=None: getattr(qc, k, d)
     blocks = get("block_name_to_quantize") or get("to_quant_block_names") or [_ENCODER_LAYERS, _DECODER_LAYERS]
     blocks = blocks.split(",") if isinstance(blocks, str) else list(_flatten(blocks))
-    extra, bits = get("extra_config") or {}, get("bits", 4)
-    names = set()
-    for mod_name, module in model.named_modules():
-        if not any(mod_name == b or mod_name.startswith(b + ".") for b in blocks):
-            continue
-        for p_name, param in module.named_parameters(recurse=False):
-            full = f"{mod_name}.{p_name}"
-            if isinstance(module, torch.nn.Linear) and p_name == "weight":
-                if int(extra.get(mod_name, {}).get("bits", bits)) < 16:
-                    names.add(full)
-            elif param.dim() == 3 and _FUSED_EXPERTS.search(full):
-                names.add(full)
-    return names
+    return blocks, get("extra_config") or {}, get("bits", 4)
+
+
+def _under(name: str, prefixes) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in prefixes)
+
+
+def _packs(module, mod_name: str, p_name: str, param, extra: dict, bits) -> bool:
+    """A linear's weight quantized below 16 bits, or a fused experts tensor auto-round splits."""
+    if isinstance(module, torch.nn.Linear) and p_name == "weight":
+        return int(extra.get(mod_name, {}).get("bits", bits)) < 16
+    return param.dim() == 3 and bool(_FUSED_EXPERTS.search(f"{mod_name}.{p_name}"))
 
 
 def _flatten(items):
@@ -295,9 +303,7 @@ def shared_copy_bytes(headers: dict) -> int:
     """
     where = {name: (path, info) for path, header in headers.items() for name, info in header.items()
              if name != "__metadata__"}
-    pairs = {n: n.replace(_ENCODER_LAYERS, _DECODER_LAYERS, 1) for n in where
-             if n.startswith(_ENCODER_LAYERS + ".") and n.rsplit(".", 1)[-1] in _PACKED_PARTS}
-    pairs = {a: b for a, b in pairs.items() if b in where and where[a][1]["shape"] == where[b][1]["shape"]}
+    pairs = _decoder_twins(where)
     samples = {}
     for name in sorted(pairs):
         layer = name[len(_ENCODER_LAYERS) + 1:].split(".", 1)[0]
@@ -306,6 +312,13 @@ def shared_copy_bytes(headers: dict) -> int:
     if not samples or any(_raw(*where[a]) != _raw(*where[pairs[a]]) for a in samples.values()):
         return 0
     return sum(info["data_offsets"][1] - info["data_offsets"][0] for _, info in (where[n] for n in pairs))
+
+
+def _decoder_twins(where: dict) -> dict[str, str]:
+    """Each packed encoder tensor named to its decoder twin of the same shape."""
+    pairs = {n: n.replace(_ENCODER_LAYERS, _DECODER_LAYERS, 1) for n in where
+             if n.startswith(_ENCODER_LAYERS + ".") and n.rsplit(".", 1)[-1] in _PACKED_PARTS}
+    return {a: b for a, b in pairs.items() if b in where and where[a][1]["shape"] == where[b][1]["shape"]}
 
 
 def _raw(path, info) -> bytes:

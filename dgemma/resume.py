@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
-from .knobs import Knobs, KnobSpec, check_knob
-from .loop import LoopPlan, Pause, num_blocks
+from .knobs import Knobs, KnobSpec, check_knob, num_blocks
+from .loop import LoopPlan, Pause
 from .pins import Pins
 from .pins import parse as parse_pins
 from .schedulers import Scheduling

@@ -101,6 +101,11 @@ class SchedulerAdapter:
     def restore(self, state) -> None:
         return None
 
+    @classmethod
+    def knob_config(cls, knobs: Knobs) -> dict:
+        """The config a trace reports when its run recorded none (a plain run): what it reads, from the knobs."""
+        return {"num_inference_steps": knobs.num_inference_steps, **{k: getattr(knobs, k) for k in cls.reads}}
+
     def config(self) -> dict:
         """The settings this run used, for the run log: read back from the built scheduler where it keeps them."""
         kept = getattr(self.impl, "config", {})
@@ -126,8 +131,15 @@ class EntropyBound(SchedulerAdapter):
         impl.set_timesteps(self.steps, device=device)
         return impl
 
+    @classmethod
+    def knob_config(cls, knobs):
+        return {"entropy_bound": knobs.entropy_bound, "t_min": knobs.t_min, "t_max": knobs.t_max,
+                "num_inference_steps": knobs.num_inference_steps}
+
     def temperature(self, step):
-        return self.knobs.temperature(step)
+        """Annealed from t_max at the first step to t_min at the last, as the built scheduler's step does."""
+        c = self.impl.config
+        return c.t_min + (c.t_max - c.t_min) * self.position(step)
 
     def step(self, logits, step, canvas, generator, forward):
         out, entropy = step_with_entropy(self.impl, logits, step, canvas, generator)
@@ -222,6 +234,11 @@ class DiscreteDDIM(SchedulerAdapter):
                 canvas = self.impl.step_correct(forward(canvas, out.pred_logits), step, canvas,
                                                 generator=generator).prev_sample
         return StepOutput(canvas, canvas == out.sampled_tokens, out.pred_logits)
+
+
+def default() -> type[SchedulerAdapter]:
+    """The scheduler a run that picks none runs: the first defined."""
+    return next(iter(REGISTRY.values()))
 
 
 @dataclass(frozen=True, init=False)

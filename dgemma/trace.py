@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import schedulers
 from .knobs import Knobs
 from .readings import why_unknown
 from .states import UNKNOWN, position_states
@@ -53,7 +54,7 @@ class CanvasTrace:
     ids: np.ndarray          # (S, L) int32 canvas after the step
     committed_bits: np.ndarray  # (S, ceil(L/8)) uint8, np.packbits of the committed mask
     entropy: np.ndarray      # (S, L) float16, nats, of logits / T
-    scheduler_name: str = "EntropyBoundScheduler"
+    scheduler_name: str = field(default_factory=lambda: schedulers.default().diffusers_name)
     context: dict | None = None  # provenance summary of an injected KV cache
     block_stopped_early: tuple = field(default=())
     stop_bits: np.ndarray | None = None  # (S, ceil(L/8)) packed: committed by the adaptive stop
@@ -87,8 +88,6 @@ class CanvasTrace:
 
     def stop_readout(self) -> str:
         """How many blocks the adaptive stop ended, and, when none, the scheduler's own word on why."""
-        from .schedulers import REGISTRY
-
         why = why_unknown(self, "stopped_early")
         if why:
             return f"adaptive stop: unknown ({why})"
@@ -96,7 +95,8 @@ class CanvasTrace:
         line = f"adaptive stop: {stopped} of {len(self.block_stopped_early)} block(s) ended early"
         if self.readings is not None:  # a remote engine's own step counts
             return f"{line} (the engine's step counts)"
-        rule = next((c.stop_rule for c in REGISTRY.values() if c.diffusers_name == self.scheduler_name), "")
+        rule = next((c.stop_rule for c in schedulers.REGISTRY.values() if c.diffusers_name == self.scheduler_name),
+                    "")
         return f"{line} ({rule})" if not stopped and rule else line
 
     @property
@@ -110,11 +110,10 @@ class CanvasTrace:
 
     @property
     def scheduler_config(self) -> dict:
+        """The scheduler's config as its run recorded it; else (a plain run) the default scheduler's, from the knobs."""
         if self.scheduler_settings is not None:
             return dict(self.scheduler_settings)
-        k = self.knobs
-        return {"entropy_bound": k.entropy_bound, "t_min": k.t_min, "t_max": k.t_max,
-                "num_inference_steps": k.num_inference_steps}
+        return schedulers.default().knob_config(self.knobs)
 
     def _unpack(self, bits, row: int | None = None) -> np.ndarray:
         if bits is None:
@@ -290,12 +289,13 @@ class Recorder:
                                 np.uint8))
 
     def finish(self, context: dict | None = None, run_id: str = "", scheduler: tuple = ()) -> CanvasTrace:
-        """The frozen trace; `scheduler` is (diffusers name, its config) when not the plain EntropyBound."""
+        """The frozen trace; `scheduler` is (diffusers name, its config), empty for the default scheduler's
+        name and a config read from the knobs."""
         L = self.canvas_length
         rows, packed = self._rows, (0, (L + 7) // 8)
         col = lambda k, dt, shape: (np.array([getattr(r, k) for r in rows], dtype=dt) if rows else np.zeros(shape, dt))
         times = np.array([(r.t, r.temperature) for r in rows], np.float32).reshape(-1, 2)
-        name, settings = scheduler or ("EntropyBoundScheduler", None)
+        name, settings = scheduler or (schedulers.default().diffusers_name, None)
         return CanvasTrace(
             knobs=self.knobs, canvas_length=L,
             blocks=_frozen(col("block", np.int16, (0,))), steps=_frozen(col("step", np.int16, (0,))),

@@ -54,6 +54,13 @@ def check_image_tensor(name: str, image) -> torch.Tensor:
     if not isinstance(image, torch.Tensor):
         raise InputError(name, f"{name} must be an IMAGE tensor, got {type(image).__name__}; wire an IMAGE output "
                                "(Load Image, a VAE Decode)")
+    _check_shape(name, image)
+    _check_values(name, image)
+    return image
+
+
+def _check_shape(name: str, image: torch.Tensor) -> None:
+    """An IMAGE's [B, H, W, C] layout, not a MASK, not empty, within the count and side limits."""
     shape = tuple(image.shape)
     if image.ndim == 2 or (image.ndim == 3 and shape[-1] not in (3, 4)):
         raise InputError(name, f"{name} has shape {list(shape)}, which is a MASK, not an IMAGE; wire an IMAGE "
@@ -69,6 +76,10 @@ def check_image_tensor(name: str, image) -> torch.Tensor:
     if max(shape[1], shape[2]) > MAX_SIDE:
         raise InputError(name, f"{name} is {shape[2]}x{shape[1]} pixels, over {MAX_SIDE} a side; scale it down "
                                "first (the processor resizes it to a few hundred pixels anyway)")
+
+
+def _check_values(name: str, image: torch.Tensor) -> None:
+    """Real floats in 0..1 (within SLACK), none of them NaN or infinite."""
     if not image.is_floating_point():
         raise InputError(name, f"{name} has dtype {str(image.dtype).removeprefix('torch.')}; an IMAGE holds "
                                "floats in 0..1; convert it, or wire an IMAGE output")
@@ -83,7 +94,6 @@ def check_image_tensor(name: str, image) -> torch.Tensor:
             else "rescale it into 0..1"
         raise InputError(name, f"{name} holds values from {lo:g} to {hi:g}, but an IMAGE holds floats in 0..1 and "
                                f"nothing is guessed; {fix}")
-    return image
 
 
 def check_vision(name: str, dm) -> None:

@@ -26,6 +26,17 @@ NAME_LIMIT = 1024    # characters of a name (model source, device, dtype, schedu
 MAX_TEMPERATURE = 1e4  # a step's T: the knobs and schedulers stay within a few units
 _MISSING = object()
 
+# The field names of the stream's extensions, as this pack's server writes them and the remote dialects
+# read them (the Unsloth shim's frames and timings, vLLM's extra arguments among them).
+EXTENSION = "dgemma"          # the pack's object in a card, a request, a step chunk and the result chunk
+FRAME = "diffusion_frame"     # a step chunk's `type`: the shim's, and the pack's server's (with EXTENSION)
+OWNER = "owned_by"            # a card's owner: vLLM, SGLang and the shim sign it
+CARD_CANVAS = ("diffusion_canvas", "canvas_length")  # a text dialect card's canvas size, the first given
+MAX_LEN = "max_model_len"     # a card's context window
+TIMINGS = "timings"           # the llama.cpp-style numbers the last chunk carries, among them:
+STEPS_RUN, BLOCKS_RUN, CANVAS_RUN = "diffusion_steps", "diffusion_blocks", "diffusion_canvas"
+VLLM_ARGS, VLLM_MAX_STEPS = "vllm_xargs", "diffusion_max_steps"  # vLLM's per-request arguments, a step bound
+
 
 class WireError(ValueError):
     """A field a peer sent that is missing, of the wrong kind or out of range; `field` names it."""

@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field
 
 from ..dgemma.context import encode_context
 from ..dgemma.decide import KNOB_NAMES, MAX_OPTIONS, MAX_SAMPLES, decide
+from ..dgemma.errors import Cancelled
 from ..dgemma.knobs import KNOBS, Knobs
-from ..dgemma.loop import Cancelled
 from . import inputs
 from .args import IMAGE_HELP, seed_arg
 from .readout import RUNLOG_URI, refusals

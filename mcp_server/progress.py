@@ -8,11 +8,10 @@ finished block), so a client's bar reaches its end with the last step.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..dgemma.caption import Caption
+from ..dgemma.knobs import num_blocks
 
 NOISE = "\u00b7"    # a position the scheduler has not committed yet
 MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the text
@@ -24,7 +23,7 @@ class StepMessages:
     def __init__(self, dm, knobs, steps_per_block: int, start: int = 0, end: int | None = None, first_block: int = 0):
         self.strings = dm.token_strings
         self.eos = np.asarray(dm.eos_ids)
-        self.blocks = math.ceil(knobs.gen_length / dm.canvas_length)  # as the engine splits gen_length
+        self.blocks = num_blocks(knobs.gen_length, dm.canvas_length)
         self.steps = steps_per_block
         self.limit = min(end, steps_per_block) if end is not None else steps_per_block
         self.block_start, self.block = start, first_block

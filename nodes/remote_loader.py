@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..dgemma.preflight import short
 from ..remote.connect import connect
+from ..remote.dialects import carried
 from . import host
 from .schema import CATEGORY, MODEL
 
@@ -22,9 +23,7 @@ class DGemmaRemoteLoader:
     RETURN_TYPES = (MODEL, "STRING")
     RETURN_NAMES = ("model", "dialect")
     OUTPUT_TOOLTIPS = ("The remote model: Sampler, Denoise, Encode and the Advanced sampler take it as they take "
-                       "a local one.",
-                       "What the server's stream carries: pack (every step in full), diffusion_frame (step text "
-                       "only) or vllm (one text per canvas).")
+                       "a local one.", carried())
     DESCRIPTION = ("Uses a DiffusionGemma served on another machine: this pack's server (python -m serve) gives "
                    "the same tokens, frames, trace and run log as a local run; a llama.cpp/Unsloth "
                    "diffusion_frame server paints each step's text; vLLM paints one frame per canvas. Checks "

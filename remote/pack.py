@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 
-from ..dgemma.errors import InputError
+from ..dgemma.errors import Cancelled, InputError
 from ..dgemma.knobs import check_knob
-from ..dgemma.loop import Cancelled
 from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_continues
 from ..dgemma.run import RunResult, check_turn
 from ..dgemma.tokens import check_text
 from ..dgemma.vision import check_image_tensor
-from ..dgemma.wire import WireError, obj, result_parts, row_frame, step_row
+from ..dgemma.wire import EXTENSION, FRAME, WireError, obj, result_parts, row_frame, step_row
 from ..dgemma.wire import text as text_field
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteContext, RemoteResume
@@ -92,7 +91,7 @@ class PackBackend:
                                "start_step": advanced.start_step, "end_step": advanced.end_step, "pins": advanced.pins,
                                "resume": advanced.resume.handle if advanced.resume is not None else None}
         return {"model": model.model_id, "stream": True, "messages": [{"role": "user", "content": prompt}],
-                "dgemma": ext}
+                EXTENSION: ext}
 
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
             advance_context=False, advanced=None, constraint=None) -> RunResult:
@@ -109,17 +108,17 @@ class PackBackend:
                     raise WireError("event", "a JSON object", chunk)
                 if "error" in chunk:
                     raise self._stopped(chunk["error"], new)
-                if chunk.get("type") == "diffusion_frame":
-                    row = step_row(obj(chunk, "dgemma"), L, len(model.token_strings))
+                if chunk.get("type") == FRAME:
+                    row = step_row(obj(chunk, EXTENSION), L, len(model.token_strings))
                     check_step(row, rows[-1] if rows else None, asked)
                     rows.append(row)
                     new += 1
                     if on_frame is not None:
                         on_frame(row_frame(row, L))
-                elif "dgemma" in chunk:
+                elif EXTENSION in chunk:
                     if final is not None:
-                        raise WireError("dgemma", "one result per run", "a second one")
-                    final = obj(chunk, "dgemma")
+                        raise WireError(EXTENSION, "one result per run", "a second one")
+                    final = obj(chunk, EXTENSION)
             if final is None:
                 raise RemoteError(f"{self.remote.url} ended the stream without the run's result")
             return self._result(model, asked, final, rows)

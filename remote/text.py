@@ -12,17 +12,17 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
-import math
 import uuid
 
 import numpy as np
 
-from ..dgemma.errors import InputError
-from ..dgemma.loop import Cancelled
+from ..dgemma.errors import Cancelled, InputError
+from ..dgemma.knobs import num_blocks
 from ..dgemma.payloads import CanvasState, RunConfig
 from ..dgemma.readings import Readings
 from ..dgemma.run import RunResult, check_turn
 from ..dgemma.vision import check_image_tensor
+from ..dgemma.wire import CANVAS_RUN, FRAME, MAX_LEN, STEPS_RUN, TIMINGS, VLLM_ARGS, VLLM_MAX_STEPS
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteModel
 from .pack import CHAT, refused
@@ -40,13 +40,13 @@ COMMON_UNKNOWN = {
 }
 
 
-def text_model(url: str, card: dict, dialect: str, backend, canvas: int | None) -> RemoteModel:
-    """A text-dialect model; `canvas` is the card's canvas size, None when the card gives none."""
-    max_len = card.get("max_model_len")
-    return RemoteModel(url=url, model_id=str(card.get("id", ""))[:200], dialect=dialect, canvas_length=canvas,
-                       max_positions=whole(max_len, "max_model_len", 0, 10**8, url) if max_len else 0,
+def text_model(url: str, card: dict, backend, canvas: int | None) -> RemoteModel:
+    """A text-dialect model run by `backend`; `canvas` is the card's canvas size, None when the card gives none."""
+    max_len = card.get(MAX_LEN)
+    return RemoteModel(url=url, model_id=str(card.get("id", ""))[:200], dialect=backend.dialect, canvas_length=canvas,
+                       max_positions=whole(max_len, MAX_LEN, 0, 10**8, url) if max_len else 0,
                        token_strings=PieceTable(), source=f"{url} ({str(card.get('id', ''))[:200]})",
-                       quant="unknown", device="remote", dtype="unknown", vision=dialect == "vllm",
+                       quant="unknown", device="remote", dtype="unknown", vision=backend.sees_images,
                        backend=backend)
 
 
@@ -67,6 +67,7 @@ class TextBackend:
     """What both text dialects share: the request, the refusals, and the result they can honestly give."""
 
     dialect = "text"
+    sees_images = False        # the request may carry pictures
     committed = False          # a frame's text is a committed canvas (vLLM), or says nothing of it
     canvas = ""                # what a frame shows, for captions and legends
     unknown: dict = {}         # readings the stream never carries, and why
@@ -111,7 +112,7 @@ class TextBackend:
 
     def plan(self, model, knobs) -> tuple:
         """(blocks, steps per block) the live view announces; None where only the engine knows."""
-        return (math.ceil(knobs.gen_length / model.canvas_length) if model.canvas_length else None), None
+        return (num_blocks(knobs.gen_length, model.canvas_length) if model.canvas_length else None), None
 
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
             advance_context=False, advanced=None) -> RunResult:
@@ -144,7 +145,7 @@ class TextBackend:
         recorder = stream.recorder({name: getattr(knobs, name) for name in self.sent})
         trace = recorder.finish(run_id=uuid.uuid4().hex, scheduler=(f"remote {self.dialect}", self.wire(knobs)))
         values, unknown, reported = self.finish(stream, trace)
-        reported = {**reported, "usage": stream.usage, "timings": stream.timings}
+        reported = {**reported, "usage": stream.usage, TIMINGS: stream.timings}
         stopped = reported.get("stopped_early") or [False] * trace.num_blocks  # else unknown, and said so
         trace = dataclasses.replace(trace, block_stopped_early=tuple(stopped))
         declared = self.readings
@@ -172,7 +173,7 @@ def _completion(stream) -> str:
 class FramesBackend(TextBackend):
     """llama.cpp's visual server through the Unsloth shim: one `diffusion_frame` text per step."""
 
-    dialect, committed, canvas = "diffusion_frame", False, "argmax canvas"
+    dialect, committed, canvas = FRAME, False, "argmax canvas"
     unknown = {"committed": "llama.cpp sends each step's argmax canvas as text (special tokens dropped), with no "
                             "committed mask: a frame is not the working canvas"}
     sent = {"seed": "seed", "gen_length": f"max_tokens (the shim runs ceil(max_tokens / {SHIM_BLOCK}) blocks)"}
@@ -184,10 +185,10 @@ class FramesBackend(TextBackend):
         return self.most_blocks(knobs), None
 
     def most_blocks(self, knobs) -> int:
-        return math.ceil(knobs.gen_length / SHIM_BLOCK)
+        return num_blocks(knobs.gen_length, SHIM_BLOCK)
 
     def take(self, stream, chunk) -> None:
-        if not isinstance(chunk, dict) or chunk.get("type") != "diffusion_frame":
+        if not isinstance(chunk, dict) or chunk.get("type") != FRAME:
             new = stream.take(chunk)
             if new.startswith(ERROR_MARKS):  # the shim's in-band error channel: never an answer
                 raise RemoteError(f"the diffusion_frame engine at {self.remote.url} answered with an error: "
@@ -213,8 +214,8 @@ class FramesBackend(TextBackend):
         unknown = {"answer_tokens": _completion(stream)}
         if not all(early):
             unknown["converged"] = "a block ran all its steps, and the engine sends no committed mask"
-        steps = stream.timings.get("diffusion_steps", len(trace))
-        steps = whole(steps, "timings.diffusion_steps", 0, stream.blocks_max * stream.budget, self.remote.url)
+        steps = stream.timings.get(STEPS_RUN, len(trace))
+        steps = whole(steps, f"{TIMINGS}.{STEPS_RUN}", 0, stream.blocks_max * stream.budget, self.remote.url)
         if steps != len(trace):  # frames were not one per step: per-block counts and stops are not known
             why = f"the engine ran {steps} steps but sent {len(trace)} frames"
             unknown.update(steps=why, stopped_early=why, converged=why)
@@ -226,8 +227,8 @@ class FramesBackend(TextBackend):
 
     def _canvas(self, stream, trace, unknown: dict) -> int | None:
         canvas = stream.model.canvas_length
-        if stream.timings.get("diffusion_canvas") is not None:
-            canvas = whole(stream.timings["diffusion_canvas"], "timings.diffusion_canvas", 1, CANVAS_MAX,
+        if stream.timings.get(CANVAS_RUN) is not None:
+            canvas = whole(stream.timings[CANVAS_RUN], f"{TIMINGS}.{CANVAS_RUN}", 1, CANVAS_MAX,
                            self.remote.url)
         if canvas is None:
             unknown["canvas_length"] = (f"neither the card nor the stream gives it; frames are shown "
@@ -245,20 +246,20 @@ class FramesBackend(TextBackend):
 class VllmBackend(TextBackend):
     """vLLM (and SGLang): one chunk per committed canvas; per-request knobs go in `vllm_xargs`."""
 
-    dialect, committed, canvas = "vllm", True, "canvas text"
+    dialect, committed, canvas, sees_images = "vllm", True, "canvas text", True
     unknown = {"stopped_early": "vLLM streams one chunk per committed canvas, not its steps",
                "steps": "vLLM streams one chunk per committed canvas, not its steps",
                "converged": "vLLM reports no steps or stops",
                "answer_tokens": "vLLM's completion_tokens counts the thought and whole canvases"}
     sent = {"seed": "seed", "gen_length": "max_tokens",
-            "num_inference_steps": "vllm_xargs.diffusion_max_steps (an upper bound)",
+            "num_inference_steps": f"{VLLM_ARGS}.{VLLM_MAX_STEPS} (an upper bound)",
             "thinking": "chat_template_kwargs.enable_thinking"}
     not_sent = {name: "fixed at vLLM's launch (its generation_config.json)"
                 for name in ("t_min", "t_max", "entropy_bound", "confidence")}
 
     def body(self, model, prompt, knobs, image) -> dict:
         return {**super().body(model, prompt, knobs, image),
-                "vllm_xargs": {"diffusion_max_steps": knobs.num_inference_steps},
+                VLLM_ARGS: {VLLM_MAX_STEPS: knobs.num_inference_steps},
                 "stream_options": {"include_usage": True}}
 
     def most_blocks(self, knobs) -> int:

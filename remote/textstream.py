@@ -15,7 +15,9 @@ import threading
 
 import numpy as np
 
+from ..dgemma.knobs import num_blocks
 from ..dgemma.trace import Frame, Recorder
+from ..dgemma.wire import TIMINGS
 from .http import RemoteError
 
 PIECE = re.compile(r"<\|?[a-z_]{1,24}\|?>|\s?[^\s<]{1,7}|\s|<")  # markup whole; words in pieces the view shows
@@ -84,11 +86,11 @@ class TextStream:
         self.blocks_max, self.committed = blocks, committed
         canvas = model.canvas_length or SHIM_BLOCK
         self.frame_chars, self.frame_pieces = TOKEN_CHARS * canvas, PIECES_PER_TOKEN * canvas
-        tokens = (math.ceil(knobs.gen_length / SHIM_BLOCK) + 1) * max(canvas, SHIM_BLOCK)  # whole canvases, + one
+        tokens = (num_blocks(knobs.gen_length, SHIM_BLOCK) + 1) * max(canvas, SHIM_BLOCK)  # whole canvases, + one
         self.text_chars = TOKEN_CHARS * tokens
         self.frames: list[tuple[int, int, np.ndarray]] = []
         self.width = 0  # the widest frame so far, in word pieces
-        self.cells = CELLS_PER_BLOCK * math.ceil(knobs.gen_length / SHIM_BLOCK)
+        self.cells = CELLS_PER_BLOCK * num_blocks(knobs.gen_length, SHIM_BLOCK)
         self.budget = None  # the engine's step budget per block, from its first frame
         self.content, self.reasoning, self.chars = [], [], 0
         self.finish, self.usage, self.timings = None, {}, {}
@@ -138,7 +140,7 @@ class TextStream:
         if "error" in chunk:
             raise RemoteError(f"{self.url} stopped the run: {str(chunk['error'])[:300]}")
         self.usage = numbers(chunk.get("usage"), "usage", self.url) or self.usage
-        self.timings = numbers(chunk.get("timings"), "timings", self.url) or self.timings
+        self.timings = numbers(chunk.get(TIMINGS), TIMINGS, self.url) or self.timings
         new = ""
         choices = chunk.get("choices") or []
         for choice in choices if isinstance(choices, list) else []:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..dgemma.loop import num_blocks
+from ..dgemma.knobs import num_blocks
 from ..dgemma.one_value import one_value
 from ..dgemma.tokens import REPLACEMENT
 from ..dgemma.wire import WireError, integer, obj, short, text

@@ -28,25 +28,29 @@ def _types_match(out_type: str, in_type) -> bool:
     return bool(set(str(out_type).split(",")) & set(str(in_type).split(",")))
 
 
+# A widget type's constants: what fits, how the expectation reads, whether min/max apply.
+_CONSTANTS = {
+    "INT": (lambda v: not isinstance(v, bool) and isinstance(v, int), "an integer", True),
+    "FLOAT": (lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v),
+              "a finite number", True),
+    "BOOLEAN": (lambda v: isinstance(v, bool), "true or false", False),
+    "STRING": (lambda v: isinstance(v, str), "text", False),
+}
+
+
 def _check_constant(node_id: str, name: str, in_type, options: dict, value) -> str | None:
     where = f"node {node_id} input {name!r}"
     if isinstance(in_type, list):
         return None if value in in_type else f"{where}: {value!r} is not one of {in_type}"
-    if in_type == "INT":
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"{where}: expected an integer, got {value!r}"
-    elif in_type == "FLOAT":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return f"{where}: expected a finite number, got {value!r}"
-    elif in_type == "BOOLEAN":
-        return None if isinstance(value, bool) else f"{where}: expected true or false, got {value!r}"
-    elif in_type == "STRING":
-        return None if isinstance(value, str) else f"{where}: expected text, got {value!r}"
-    else:
+    rule = _CONSTANTS.get(in_type) if isinstance(in_type, str) else None
+    if rule is None:
         return f"{where}: a {in_type} must be linked from another node, got the constant {value!r}"
-    if "min" in options and value < options["min"]:
+    fits, expected, ranged = rule
+    if not fits(value):
+        return f"{where}: expected {expected}, got {value!r}"
+    if ranged and "min" in options and value < options["min"]:
         return f"{where}: {value!r} is below the minimum {options['min']}"
-    if "max" in options and value > options["max"]:
+    if ranged and "max" in options and value > options["max"]:
         return f"{where}: {value!r} is above the maximum {options['max']}"
     return None
 

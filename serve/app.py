@@ -15,9 +15,8 @@ import uuid
 
 from aiohttp import web
 
-from ..dgemma.errors import InputError
-from ..dgemma.loop import Cancelled
-from ..dgemma.wire import step_json
+from ..dgemma.errors import Cancelled, InputError
+from ..dgemma.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
 from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
 from .decide import decide
@@ -120,8 +119,8 @@ async def health(request):
 async def models(request):
     engine = request.app[ENGINE]
     return web.json_response({"object": "list", "data": [
-        {"id": engine.model_id, "object": "model", "created": 0, "owned_by": "comfyui-diffusiongemma",
-         "max_model_len": engine.dm.max_positions, "dgemma": engine.info()}]})
+        {"id": engine.model_id, "object": "model", "created": 0, OWNER: "comfyui-diffusiongemma",
+         MAX_LEN: engine.dm.max_positions, EXTENSION: engine.info()}]})
 
 
 async def tokens(request):
@@ -196,13 +195,13 @@ async def complete(request, engine, job, ids):
         message = {"role": "assistant", "content": answer.text, "reasoning_content": answer.thought}
         choice = {"index": i, "message": message, "logprobs": answer.logprobs, "finish_reason": answer.finish}
         if job.n > 1:
-            choice["dgemma"] = {**metas[i], "steps": steps[i]}
+            choice[EXTENSION] = {**metas[i], "steps": steps[i]}
         choices.append(choice)
     body = {"id": head()["id"], "object": "chat.completion", "created": int(time.time()), "model": engine.model_id,
             "choices": choices, "usage": usage(prompt_tokens, answers),
-            "timings": timings(results[0].state, engine.dm.canvas_length, wall)}
+            TIMINGS: timings(results[0].state, engine.dm.canvas_length, wall)}
     if job.n == 1:
-        body["dgemma"] = {**metas[0], "steps": steps[0]}
+        body[EXTENSION] = {**metas[0], "steps": steps[0]}
     return web.json_response(body, headers=warned(job))
 
 
@@ -255,9 +254,9 @@ def ending(top: dict, engine, job, run) -> bytes:
         if answer.text or answer.logprobs is not None:
             pieces.append(sse(delta(i, {"content": answer.text}, logprobs=answer.logprobs)))
     for i, answer in enumerate(answers):
-        pieces.append(sse({**delta(i, {}, answer.finish), "dgemma": metas[i]}))
+        pieces.append(sse({**delta(i, {}, answer.finish), EXTENSION: metas[i]}))
     pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers),  # last, as OpenAI sends it
-                       "timings": timings(results[0].state, engine.dm.canvas_length, wall)}))
+                       TIMINGS: timings(results[0].state, engine.dm.canvas_length, wall)}))
     return b"".join(pieces) + b"data: [DONE]\n\n"
 
 

@@ -23,6 +23,7 @@ from ..dgemma.logprobs import MAX_TOP
 from ..dgemma.pictures import MAX_PIXELS, read_picture
 from ..dgemma.resume import AUTO, WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import Scheduling
+from ..dgemma.wire import EXTENSION
 from .fields import unsupported
 from .messages import turns_of
 from .structured import constraint_of
@@ -177,8 +178,8 @@ def job_of(body, contexts, resumes, served: str, lenient: bool = False) -> Job:
     check_model(body, served)
     warnings = unsupported(body, lenient)
     stream = typed(body, "stream", bool, "true or false") or False
-    ext = typed(body, "dgemma", dict, "an object") or {}
-    only(ext, EXTENSION_FIELDS, "dgemma")
+    ext = typed(body, EXTENSION, dict, "an object") or {}
+    only(ext, EXTENSION_FIELDS, EXTENSION)
     turns = turns_of(body)
     options = {"advance_context": typed(ext, "advance_context", bool, "true or false") or False}
     context = typed(ext, "context", str, "a context handle (text)")

@@ -20,7 +20,7 @@ from ..dgemma.chat import chat_ids
 from ..dgemma.context import encode_chat
 from ..dgemma.errors import InputError
 from ..dgemma.run import prepare, run_batch
-from ..dgemma.wire import result_json, step_json
+from ..dgemma.wire import BLOCKS_RUN, CANVAS_RUN, EXTENSION, FRAME, STEPS_RUN, result_json, step_json
 from .structured import checked
 
 
@@ -99,8 +99,8 @@ class Engine:
         def chunk(index: int, frame) -> bytes:
             text = "".join(strings[i] for i in frame.ids.tolist())
             return sse({**head, "choices": [{"index": index, "delta": {}, "finish_reason": None}],
-                        "type": "diffusion_frame", "block": frame.block, "step": frame.step, "total": steps,
-                        "text": text, "dgemma": step_json(frame)})
+                        "type": FRAME, "block": frame.block, "step": frame.step, "total": steps,
+                        "text": text, EXTENSION: step_json(frame)})
         return chunk
 
     def render(self, job) -> list[int] | None:
@@ -146,7 +146,7 @@ def timings(state, canvas: int, wall: float) -> dict:
     ms = wall * 1000.0
     rate = lambda n: n / wall if wall > 0 else 0.0
     return {"predicted_n": state.answer_tokens, "predicted_ms": ms, "diffusion": True,
-            "diffusion_steps": state.steps_used, "diffusion_blocks": state.blocks, "diffusion_canvas": canvas,
+            STEPS_RUN: state.steps_used, BLOCKS_RUN: state.blocks, CANVAS_RUN: canvas,
             "diffusion_wall_ms": ms, "diffusion_effective_tok_s": rate(canvas * state.blocks),
             "diffusion_parallel_tok_s": rate(canvas * state.steps_used),
             "diffusion_output_tok_s": rate(state.answer_tokens)}

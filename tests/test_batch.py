@@ -9,8 +9,7 @@ from diffusiongemma.dgemma import Knobs
 from diffusiongemma.dgemma.constraint import Constraint
 from diffusiongemma.dgemma.context import encode_context
 from diffusiongemma.dgemma.demo import colour_image
-from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.loop import Cancelled
+from diffusiongemma.dgemma.errors import Cancelled, InputError
 from diffusiongemma.dgemma.resume import Advanced
 from diffusiongemma.dgemma.run import prepare, run, run_batch
 from diffusiongemma.dgemma.schedulers import Scheduling

@@ -12,8 +12,7 @@ import pytest
 from diffusiongemma.dgemma import Constraint, Knobs, generate
 from diffusiongemma.dgemma import constraint_budget as budget
 from diffusiongemma.dgemma.constraint import automaton
-from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.loop import Cancelled
+from diffusiongemma.dgemma.errors import Cancelled, InputError
 
 
 def nested_any_of(depth: int, items: int) -> dict:

@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from transformers import core_model_loading as cml
 
 from diffusiongemma.dgemma import load_model
-from diffusiongemma.dgemma.loading import LoadCancelled, cancel_checks
+from diffusiongemma.dgemma.errors import LoadCancelled
+from diffusiongemma.dgemma.loading import cancel_checks
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 
@@ -84,3 +85,10 @@ def test_no_hook_point_means_no_checks(monkeypatch):
     monkeypatch.delattr(cml, "set_param_for_module")
     with cancel_checks(lambda: pytest.fail("checked without a hook point")):
         assert not hasattr(cml, "set_param_for_module")
+
+
+def test_both_cancels_are_the_engines_errors_wherever_they_are_named():
+    from diffusiongemma.dgemma import Cancelled, errors, loading, loop
+
+    assert errors.Cancelled is Cancelled is loop.Cancelled and errors.LoadCancelled is loading.LoadCancelled
+    assert str(Cancelled(3)) == "run cancelled after 3 steps" and Cancelled(3).steps_done == 3

@@ -158,3 +158,56 @@ def test_packed_layers_of_one_kind_are_copies_with_their_own_containers():
         assert patches_autoround._alike(layer, fresh)
     b.qweight = torch.ones(2, 64, dtype=torch.int32)  # the load replaces a copy's tensors, never another's
     assert a.qweight.device.type == "meta" and c.qweight.device.type == "meta"
+
+
+def _pack_imports(path) -> set[str]:
+    """The dgemma modules a dgemma module imports, at its top or inside a function."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out |= {node.module} if node.module else {a.name for a in node.names}
+    return out
+
+
+def test_every_patch_goes_through_one_module_and_no_patch_module_imports_its_importer():
+    from pathlib import Path
+
+    folder = Path(patches.__file__).parent
+    graph = {p.stem: _pack_imports(p) for p in folder.glob("*.py")}
+    reach = {}
+
+    def reached(name, seen=()):
+        if name not in reach:
+            reach[name] = set()
+            for dep in graph.get(name, ()):
+                reach[name] |= {dep} | reached(dep)
+        return reach[name]
+
+    for name in ("patching", "patches", "patches_autoround", "loading"):
+        assert name not in reached(name), f"{name} imports itself through {reached(name) & set(graph)}"
+    assert graph["patching"] == set()  # the mechanism depends on nothing in the pack
+    assert {"patching"} <= graph["patches_autoround"] and "patches" not in graph["patches_autoround"]
+    for name in ("patches", "patches_autoround", "loading"):  # patching's lock and swap only
+        text = (folder / f"{name}.py").read_text(encoding="utf-8")
+        assert "setattr(" not in text and "_PATCH_LOCK" not in text and "_swapped" not in text
+
+
+def test_a_swap_restores_its_attributes_also_when_the_block_fails():
+    import types
+
+    from diffusiongemma.dgemma import patching
+
+    target = types.SimpleNamespace(a=1, b=2)
+    with patching.swap(target, a=10):
+        with patching.swap(target, a=20, b=30):  # a load's nested swaps share the one lock
+            assert (target.a, target.b) == (20, 30)
+        assert (target.a, target.b) == (10, 2)
+    assert (target.a, target.b) == (1, 2)
+    with pytest.raises(KeyError), patching.swap(target, b=5):
+        raise KeyError
+    assert target.b == 2
+    with pytest.raises(AttributeError), patching.swap(target, missing=1):  # nothing to restore: refused
+        pass
+    assert not hasattr(target, "missing")

@@ -17,9 +17,8 @@ from executor import call
 from remote_server import served
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
-from diffusiongemma.dgemma.errors import InputError
+from diffusiongemma.dgemma.errors import Cancelled, InputError
 from diffusiongemma.dgemma.knobs import Knobs
-from diffusiongemma.dgemma.loop import Cancelled
 from diffusiongemma.nodes import host
 from diffusiongemma.remote.connect import connect
 from diffusiongemma.remote.http import RemoteError

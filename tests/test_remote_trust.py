@@ -14,9 +14,8 @@ from executor import call
 from hostile_server import PROMPT, card, final, pack_answer, recording, send, send_events, serving, silent
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
-from diffusiongemma.dgemma.errors import InputError
+from diffusiongemma.dgemma.errors import Cancelled, InputError
 from diffusiongemma.dgemma.knobs import Knobs
-from diffusiongemma.dgemma.loop import Cancelled
 from diffusiongemma.remote.access import ALLOW_HTTP, TOKEN_VARS
 from diffusiongemma.remote.connect import connect
 from diffusiongemma.remote.http import Interrupted, Remote, RemoteError

@@ -89,6 +89,21 @@ def test_each_adapter_reads_its_config_back_from_the_built_scheduler(name):
     assert built.steps == Scheduling(name).steps(knobs) and built.position(0) == 1.0
 
 
+def test_a_step_reads_its_temperature_from_the_built_scheduler_and_a_plain_trace_names_the_default():
+    from diffusiongemma.dgemma import schedulers
+    from diffusiongemma.dgemma.trace import Recorder
+
+    knobs = Knobs(num_inference_steps=4, t_min=0.4, t_max=0.8)
+    built = Scheduling().build(knobs, 32, "cpu")
+    assert [built.temperature(s) for s in range(4)] == [knobs.temperature(s) for s in range(4)]
+    built.impl.register_to_config(t_min=0.1, t_max=0.9)  # what the scheduler will step with, not the knobs
+    assert built.temperature(0) == 0.9 and built.temperature(3) == 0.1 + 0.8 * 0.25
+    trace = Recorder(knobs, 32).finish()  # a plain run records no scheduler of its own
+    default = schedulers.default()
+    assert default is REGISTRY["entropy_bound"] and trace.scheduler_name == default.diffusers_name
+    assert list(trace.scheduler_config) == ["entropy_bound", "t_min", "t_max", "num_inference_steps"]
+
+
 def test_the_schedulers_that_rarely_stop_say_so(tiny_model):
     from diffusiongemma.dgemma import generate
     from diffusiongemma.dgemma.resume import Advanced as Adv
