@@ -4,16 +4,13 @@ is sent."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from aiohttp import web
 from conftest import REPO
 from executor import call
+from fake_engine import engine
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma.errors import InputError
@@ -32,46 +29,10 @@ def files(name: str):
     return FIXTURES / f"{base}_stream{suffix}.sse", FIXTURES / f"{base}_models{suffix}.json"
 
 
-@contextmanager
 def replaying(name: str):
-    """An HTTP server answering /health, /v1/models and the chat stream from the fixtures; yields
-    its URL and the request bodies it received."""
-    bodies, ready, box = [], threading.Event(), {}
-
-    async def chat(request):
-        bodies.append(await request.json())
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        stream, _ = files(name)
-        for event in stream.read_text().split("\n\n"):
-            if event:
-                await response.write(event.encode() + b"\n\n")
-        return response
-
-    async def serve():
-        app = web.Application()
-        app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
-        app.router.add_get("/v1/models", lambda r: web.json_response(
-            json.loads(files(name)[1].read_text())))
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["port"], box["stop"] = site._server.sockets[0].getsockname()[1], asyncio.Event()
-        ready.set()
-        await box["stop"].wait()
-        await runner.cleanup()
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    ready.wait(10)
-    try:
-        yield f"http://127.0.0.1:{box['port']}", bodies
-    finally:
-        loop.call_soon_threadsafe(box["stop"].set)
-        thread.join(10)
+    """The fake engine serving a fixture's model list and stream; yields its URL and the request bodies."""
+    stream, models = files(name)
+    return engine(json.loads(models.read_text()), stream.read_text())
 
 
 def run_with_events(model):
