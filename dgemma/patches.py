@@ -17,6 +17,9 @@
 - transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
   numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/batch.py);
   every other call is sdpa's own.
+- transformers: on the CPU, a loaded model's decoder experts (the module instances, not their class)
+  take a batched forward's rows one at a time while dgemma/batch.py runs one (`experts_by_row`);
+  every other call is the experts' own.
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
 just the number), is logged once, and edits no installed file.
