@@ -191,6 +191,23 @@ class BatchForward:
         return groups
 
 
+def give_back_freed() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim; elsewhere nothing). A long list
+    frees each item's cache and step tensors among the results it keeps, and glibc gives back only the
+    top of its heap on its own, so the freed holes would count as the process's memory item after item."""
+    global _trim
+    if _trim is None:
+        try:
+            import ctypes
+
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim = None
 MAX_BATCH_CAP = 32  # beyond this a step is compute-bound on any device we know; more items only add latency
 MEMORY_SHARE = 0.5  # of the free memory a batch may plan to take (activations and allocator slack take the rest)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batch import BatchForward, fitting_batch
+from .batch import BatchForward, fitting_batch, give_back_freed
 from .batch_step import steps_together
 from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
@@ -194,11 +194,15 @@ def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
     check_batch(requests, max_batch)
     size = max_batch or (fitting_batch(requests) if len(requests) > 1 else 1)
     results: list = [None] * len(requests)
+    settled = [0]
 
     def settle(index: int, item: _Item) -> None:
         results[index] = _result(item)
         if item.lane is not None:
             item.lane.on_end = None  # nothing holds the lane after it leaves the batch
+        settled[0] += 1
+        if settled[0] % size == 0:
+            give_back_freed()
         if on_settled is not None:
             on_settled(index)
 

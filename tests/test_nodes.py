@@ -24,7 +24,7 @@ KNOBS = dict(seed=3, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound
 def test_registry_keeps_the_original_names_and_documents_every_socket():
     assert set(NODE_CLASS_MAPPINGS) == {"DGemmaLoader", "DGemmaSampler", "DGemmaDenoise", "DGemmaEncode",
                                         "DGemmaTrace", "DGemmaRunLogWriter", "DGemmaSamplerAdvanced",
-                                        "DGemmaRemoteLoader", "DGemmaPromptList"}
+                                        "DGemmaRemoteLoader", "DGemmaPromptList", "DGemmaJoinTexts"}
     assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_CLASS_MAPPINGS)
     assert (REPO / WEB_DIRECTORY / "live_view.js").is_file()
     for name, cls in NODE_CLASS_MAPPINGS.items():
