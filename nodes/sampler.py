@@ -53,6 +53,7 @@ class LiveRun:
         self.stream = BatchStream(str(node_id) if node_id is not None else "", rows, model.canvas_length,
                                   model.token_strings, readings_of(model))
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
+        self.node_id = node_id
         self.live = host.live()
 
     def start(self) -> None:
@@ -81,10 +82,11 @@ class LiveRun:
             host.send(DONE, ended)
 
     def done(self, results) -> None:
+        """The end, told once the node has returned: until ComfyUI holds its outputs the run is not done."""
         self.bar.to(self.total)
         if self.live:
-            self.note.show(self.stream.done_text(results), force=True)
-            host.send(DONE, self.stream.done(results))
+            text, event = self.stream.done_text(results), self.stream.done(results)
+            memory.when_returned(self.node_id, lambda: (self.note.show(text, force=True), host.send(DONE, event)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,6 +33,7 @@ def test_a_prompt_list_runs_as_one_batch_and_each_item_is_its_single_run(tmp_pat
     seeds = [3, 4, 5, 6]
     with fakecomfy.installed(tmp_path) as comfy:
         listed, _ = call(Sampler, model=demo_model, prompt=PROMPTS, **{**KNOBS, "seed": seeds})
+        comfy.registry.finish_progress("17")
         events = list(comfy.events)
     singles = [call(Sampler, model=demo_model, prompt=p, **{**KNOBS, "seed": s})[0] for p, s in zip(PROMPTS, seeds)]
     assert all(len(v) == 4 for k, v in enumerate(listed) if k != 3)
@@ -68,6 +69,7 @@ def test_progress_text_counts_the_settled_items(tmp_path, demo_model, monkeypatc
     monkeypatch.setattr(host.ProgressText, "every", 0.0)
     with fakecomfy.installed(tmp_path) as comfy:
         call(Sampler, model=demo_model, prompt=PROMPTS[:2], **{**KNOBS, "gen_length": [32, 96]})
+        comfy.registry.finish_progress("17")
     texts = [shown(t) for _, t in comfy.text]
     assert texts[0].startswith("0 of 2 items settled · item ")
     assert any(t.startswith("1 of 2 items settled") for t in texts)
