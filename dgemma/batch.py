@@ -5,21 +5,20 @@ solo run writes. Per forward the working lanes' caches are stacked, each row pad
 the longest (sliding layers hold at most their window, so full and sliding layers pad apart), and
 keeps its own canvas positions. Where rows are padded, sdpa attends row by row over each row's own
 keys (`rows_attention`, a patch listed in dgemma/patches.py), so attention rounds as in a solo run;
-on the CPU the mixture-of-experts layers take each row's tokens alone too (`experts_by_row`), so every
-row's logits are its solo run's to the bit. Every other layer runs once for the whole batch. The
+on the CPU the mixture-of-experts layers group each row's tokens alone too (dgemma/batch_experts.py), so
+every row's logits are its solo run's to the bit. Every other layer runs once for the whole batch. The
 stacked view is rebuilt only when the working lanes or their blocks change.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import threading
 
 import torch
 
 from . import patches
-from .cache import fork_cache, input_device
+from .batch_experts import experts_by_row, rows_of
+from .cache import fork_cache
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -61,55 +60,6 @@ def rows_attention() -> bool:
         applied = getattr(ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None,
                           "rows_alone", False)
     patches._note("transformers sdpa rows", applied, "a padded batch attends row by row" if applied else "sdpa differs")
-    return applied
-
-
-_rows = threading.local()  # the batch's row length while a batched forward runs in this thread
-
-
-@contextlib.contextmanager
-def rows_of(length: int):
-    _rows.length = length
-    try:
-        yield
-    finally:
-        _rows.length = 0
-
-
-def _experts_alone(forward):
-    def experts(hidden_states, top_k_index, top_k_weights, *args, **kwargs):
-        n = getattr(_rows, "length", 0)
-        if not n or hidden_states.shape[0] <= n:
-            return forward(hidden_states, top_k_index, top_k_weights, *args, **kwargs)
-        return torch.cat([forward(hidden_states[i:i + n], top_k_index[i:i + n], top_k_weights[i:i + n], *args,
-                                  **kwargs) for i in range(0, hidden_states.shape[0], n)])
-
-    experts.rows_alone = True
-    return experts
-
-
-def experts_by_row(model) -> bool:
-    """Give the decoder's mixture-of-experts layers a path for a batched forward: each row's tokens go
-    through the experts alone, as in its solo run (a batch groups more tokens per expert, and a matmul
-    of more rows rounds the last bit differently, which self-conditioning carries on into the entropy).
-    On the CPU only: there a batch gains by sharing each op's overhead, while on an accelerator the
-    experts' weights would be read once per row. False where nothing was given that path."""
-    if input_device(model).type != "cpu":
-        return False
-    layers = getattr(getattr(getattr(model, "model", None), "decoder", None), "layers", ())
-    applied = False
-    for layer in layers:
-        experts = getattr(layer, "experts", None)
-        if experts is None:
-            continue
-        if not getattr(experts.forward, "rows_alone", False):
-            names = list(inspect.signature(experts.forward).parameters)[:3]
-            if names != ["hidden_states", "top_k_index", "top_k_weights"]:
-                continue
-            experts.forward = _experts_alone(experts.forward)
-        applied = True
-    patches._note("transformers experts rows", applied, "a batch's experts run row by row on the CPU" if applied
-                  else "no experts of the kind checked")
     return applied
 
 

@@ -18,8 +18,8 @@
   numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/batch.py);
   every other call is sdpa's own.
 - transformers: on the CPU, a loaded model's decoder experts (the module instances, not their class)
-  take a batched forward's rows one at a time while dgemma/batch.py runs one (`experts_by_row`);
-  every other call is the experts' own.
+  group each row of a batched forward's tokens alone while dgemma/batch.py runs one (`experts_by_row`
+  in dgemma/batch_experts.py); every other call is the experts' own.
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
 just the number), is logged once, and edits no installed file.

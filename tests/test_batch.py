@@ -126,6 +126,33 @@ def test_max_batch_splits_a_long_list(demo_model, forwards):
     assert forwards[len(specs) * 6:] == [3] * 6 + [3] * 6 + [1] * 6  # solo first, then 3 + 3 + 1 items
 
 
+def test_a_batched_forward_groups_each_rows_experts_alone(demo_model, monkeypatch):
+    """The experts of a batch compute each row as its solo call does, grouped matmul by grouped matmul; a
+    batched grouping (more tokens per expert) rounds otherwise, and the probe refuses it."""
+    from diffusiongemma.dgemma import batch_experts
+
+    assert batch_experts.experts_by_row(demo_model.model)  # as a batched forward gives it (idempotent)
+    layer = demo_model.model.model.decoder.layers[0]
+    experts, n = layer.experts, demo_model.canvas_length
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(8 * n, layer.router.proj.in_features, generator=gen)
+    with torch.no_grad():
+        _, weights, index = layer.router(hidden * torch.linspace(0.2, 3, 8 * n)[:, None])
+        alone = torch.cat([experts(hidden[i:i + n], index[i:i + n], weights[i:i + n]) for i in range(0, 8 * n, n)])
+        with batch_experts.rows_of(n):
+            grouped = experts(hidden, index, weights)
+        batched = experts(hidden, index, weights)
+        assert batch_experts._fast[experts] and torch.equal(grouped, alone)
+        batch_experts._fast[experts] = False  # the layer's own forward row by row
+        with batch_experts.rows_of(n):
+            assert torch.equal(experts(hidden, index, weights), alone)
+        del batch_experts._fast[experts]
+        monkeypatch.setattr(batch_experts, "_grouped_rows", lambda module, h, i, w, n: module.__class__.forward(
+            module, h, i, w))
+        assert not batch_experts._probe(experts, experts.forward, n)  # one grouping for all rows is not a row's
+    assert not torch.equal(batched, alone)  # what the rows alone avoid, on these rows
+
+
 def test_items_leave_at_once_and_the_next_take_their_place(demo_model, forwards, monkeypatch):
     """A list longer than max_batch streams: an item that ends is read and its cache freed before the next
     step, and a waiting item joins, so the batch stays full and at most max_batch caches are alive."""
