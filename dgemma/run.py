@@ -201,7 +201,7 @@ def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
         if item.lane is not None:
             item.lane.on_end = None  # nothing holds the lane after it leaves the batch
         settled[0] += 1
-        if settled[0] % size == 0:
+        if len(requests) > size and settled[0] % size == 0:  # a list streaming through its batch
             give_back_freed()
         if on_settled is not None:
             on_settled(index)

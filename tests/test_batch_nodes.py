@@ -159,20 +159,17 @@ def test_max_batch_bounds_how_many_items_share_a_forward(demo_model, monkeypatch
         call(Sampler, model=demo_model, prompt=PROMPTS[:3], max_batch=-1, **KNOBS)
 
 
-def test_join_texts_shows_every_answer_of_a_list(demo_model, monkeypatch):
+def test_join_texts_shows_every_answer_of_a_list(demo_model):
     from diffusiongemma.dgemma.errors import InputError
-    from diffusiongemma.nodes import loader
     from diffusiongemma.nodes.join_texts import DGemmaJoinTexts, join_texts
+    from diffusiongemma.runner.core_nodes import PreviewAny
+    from diffusiongemma.runner.execute import call_node
 
-    monkeypatch.setattr(loader, "load_model", lambda *a, **k: demo_model)
-    graph = {"1": {"class_type": "DGemmaLoader", "inputs": {"quant": "none"}},
-             "5": {"class_type": "DGemmaPromptList", "inputs": {"prompts": "\n".join(PROMPTS)}},
-             "2": {"class_type": "DGemmaSampler", "inputs": {"model": ["1", 0], "prompt": ["5", 0], **KNOBS}},
-             "6": {"class_type": "DGemmaJoinTexts", "inputs": {"text": ["2", 0], "format": "json", "separator": ""}},
-             "3": {"class_type": "PreviewAny", "inputs": {"source": ["6", 0]}}}
-    shown_texts = run_graph(graph)["3"]["text"]
+    (texts, *_), _ = call(Sampler, model=demo_model, prompt=PROMPTS, **KNOBS)
+    (joined,), _ = call(DGemmaJoinTexts, text=texts, format="json", separator="")
+    _, ui = call_node(PreviewAny, {"source": joined})  # what Preview as Text shows
     answers = [call(Sampler, model=demo_model, prompt=p, **KNOBS)[0][0] for p in PROMPTS]
-    assert len(shown_texts) == 1 and json.loads(shown_texts[0]) == answers  # one preview holds them all
+    assert len(ui["text"]) == 1 and json.loads(ui["text"][0]) == answers  # one preview holds them all
     (joined,), _ = call(DGemmaJoinTexts, text=["a", "b\nc"], format="separator", separator=" | ")
     assert joined == "a | b\nc" and join_texts(["a", "b"]) == "a\n\nb"
     assert join_texts(["a", "b\nc"], "numbered") == "1. a\n2. b c"

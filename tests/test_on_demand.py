@@ -36,8 +36,22 @@ class Pictures:
         return {"ui": {}}
 
 
+class DemoModel:
+    """The session's demo model as a node's output (DGemmaLoader would hand it to ComfyUI's memory
+    management, which outlives a test)."""
+
+    RETURN_TYPES, FUNCTION, model = ("DGEMMA_MODEL",), "give", None
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    def give(self):
+        return (DemoModel.model,)
+
+
 def graph(images: bool) -> dict:
-    nodes = {"1": {"class_type": "DGemmaLoader", "inputs": {"quant": "none"}},
+    nodes = {"1": {"class_type": "DemoModel", "inputs": {}},
              "5": {"class_type": "DGemmaPromptList", "inputs": {"prompts": "What is 2+2?\nHi\nName a colour."}},
              "2": {"class_type": "DGemmaSampler", "inputs": {"model": ["1", 0], "prompt": ["5", 0], **KNOBS}},
              "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
@@ -97,14 +111,12 @@ def test_an_unmade_output_stops_a_reader_with_the_reason(demo_model, tmp_path, m
     assert isinstance(out[4][0], ExecutionBlocker) and out[4][0].message.startswith("images not made")
 
 
-def test_wiring_the_pictures_on_a_second_run_gives_the_right_pictures(demo_model, tmp_path, renders, monkeypatch):
-    from diffusiongemma.nodes import loader
-
-    monkeypatch.setattr(loader, "load_model", lambda *a, **k: demo_model)
-    Pictures.seen = []
+def test_wiring_the_pictures_on_a_second_run_gives_the_right_pictures(demo_model, tmp_path, renders):
+    Pictures.seen, DemoModel.model = [], demo_model
+    classes = {**CLASSES, "Pictures": Pictures, "DemoModel": DemoModel}
     with installed(tmp_path) as rec:
         assert host.on_prompt(wiring.on_prompt(ON_DEMAND_CLASSES))
-        comfy = CachingExecutor(rec, {**CLASSES, "Pictures": Pictures})
+        comfy = CachingExecutor(rec, classes)
         first = comfy.queue(graph(False))
         assert "2" in comfy.ran[-1] and "render_images" not in renders
         second = comfy.queue(graph(True))  # the same inputs, images now read
@@ -118,8 +130,7 @@ def test_wiring_the_pictures_on_a_second_run_gives_the_right_pictures(demo_model
         right = render_images(trace, demo_model.token_strings, Asked.of(config.prompt, config.image))
         assert shown.shape[0] == len(trace) > 0 and torch.equal(shown, right)
     # what the stamp prevents: without it the second prompt's sampler has the first one's key
-    unstamped = {**CLASSES, "Pictures": Pictures}
-    assert cache_key(graph(False), "2", unstamped) == cache_key(graph(True), "2", unstamped)
+    assert cache_key(graph(False), "2", classes) == cache_key(graph(True), "2", classes)
 
 
 def _peak_rss(count: int) -> float:
