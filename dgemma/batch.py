@@ -5,16 +5,20 @@ solo run writes. Per forward the working lanes' caches are stacked, each row pad
 the longest (sliding layers hold at most their window, so full and sliding layers pad apart), and
 keeps its own canvas positions. Where rows are padded, sdpa attends row by row over each row's own
 keys (`rows_attention`, a patch listed in dgemma/patches.py), so attention rounds as in a solo run;
-every other layer runs once for the whole batch. The stacked view is rebuilt only when the working
-lanes or their blocks change.
+on the CPU the mixture-of-experts layers group each row's tokens alone too (dgemma/batch_experts.py), so
+every row's logits are its solo run's to the bit. Every other layer runs once for the whole batch. The
+stacked view is rebuilt only when the working lanes or their blocks change.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-from . import patches
+from .batch_experts import experts_by_row, rows_of
 from .cache import fork_cache
+from .patching import LOCK, note_once
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -44,20 +48,21 @@ def rows_attention() -> bool:
     with a solo run's very arithmetic (a masked batch rounds differently, which moves tokens at half
     precision). False where the registry or sdpa's signature is not the kind this was checked against."""
     try:
-        import inspect
-
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     except ImportError:
         return False
-    with patches._install_lock:
+    installed = lambda: getattr(ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None,
+                                "rows_alone", False)
+    if installed():  # in place already: no lock on the way of every batch
+        return True
+    with LOCK:
         sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None
         if sdpa is not None and not getattr(sdpa, "rows_alone", False):
             names = list(inspect.signature(sdpa).parameters)[:5]
             if names == ["module", "query", "key", "value", "attention_mask"]:
                 ALL_ATTENTION_FUNCTIONS["sdpa"] = _rows_alone(sdpa)
-        applied = getattr(ALL_ATTENTION_FUNCTIONS["sdpa"] if "sdpa" in ALL_ATTENTION_FUNCTIONS else None,
-                          "rows_alone", False)
-    patches._note("transformers sdpa rows", applied, "a padded batch attends row by row" if applied else "sdpa differs")
+        applied = installed()
+    note_once("transformers sdpa rows", applied, "a padded batch attends row by row" if applied else "sdpa differs")
     return applied
 
 
@@ -99,7 +104,7 @@ class View:
 
 
 class BatchForward:
-    """`forward(lanes)` -> one logits tensor (1, L, V) per lane, from one forward per self-conditioning kind.
+    """`forward(lanes)` -> [(lanes, logits (B, L, V))]: one forward per self-conditioning kind.
 
     A lane at a block's first step has no self-conditioning yet; it runs in its own forward with the
     other such lanes, as the model's forward takes the signal for the whole batch or none.
@@ -110,6 +115,7 @@ class BatchForward:
         self.views: dict[tuple, View] = {}
         implementation = model.config.get_text_config(decoder=True)._attn_implementation
         self.rows_alone = implementation == "sdpa" and rows_attention()
+        self.experts_alone = experts_by_row(model)
 
     def _view(self, lanes) -> View:
         key = tuple((id(lane), lane.block) for lane in lanes)
@@ -124,21 +130,37 @@ class BatchForward:
         canvas = torch.cat([lane.canvas for lane in lanes])
         fresh = lanes[0].self_cond is None
         self_cond = None if fresh else torch.cat([lane.self_cond for lane in lanes])
-        return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_cond,
-                          decoder_attention_mask=view.masks, decoder_position_ids=view.positions,
-                          **{d.model_kw: view.cache}).logits
+        with rows_of(d.L if self.experts_alone else 0):
+            return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_cond,
+                              decoder_attention_mask=view.masks, decoder_position_ids=view.positions,
+                              **{d.model_kw: view.cache}).logits
 
-    def __call__(self, lanes) -> list[torch.Tensor]:
-        out: list = [None] * len(lanes)
+    def __call__(self, lanes) -> list[tuple[list, torch.Tensor]]:
+        groups = []
         for fresh in (True, False):
-            group = [i for i, lane in enumerate(lanes) if (lane.self_cond is None) == fresh]
+            group = [lane for lane in lanes if (lane.self_cond is None) == fresh]
             if group:
-                logits = self._run([lanes[i] for i in group])
-                for row, i in enumerate(group):
-                    out[i] = logits[row:row + 1]
-        return out
+                groups.append((group, self._run(group)))
+        return groups
 
 
+def give_back_freed() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim; elsewhere nothing). A long list
+    frees each item's cache and step tensors among the results it keeps, and glibc gives back only the
+    top of its heap on its own, so the freed holes would count as the process's memory item after item."""
+    global _trim
+    if _trim is None:
+        try:
+            import ctypes
+
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim = None
 MAX_BATCH_CAP = 32  # beyond this a step is compute-bound on any device we know; more items only add latency
 MEMORY_SHARE = 0.5  # of the free memory a batch may plan to take (activations and allocator slack take the rest)
 

@@ -215,10 +215,12 @@ class Lane:
                                                                    self.knobs, self.stepper, self.generator)
         self.canvas, self.stopped, self.in_block = _pin(canvas, self.pins), False, True
 
-    def advance(self, logits) -> None:
-        """One step of the block from the decoder's logits for this lane's canvas."""
+    def advance(self, logits, out=None) -> None:
+        """One step of the block from the decoder's logits for this lane's canvas (`out`: the scheduler's
+        step of them, when it was taken together with other lanes')."""
         d, pins, step = self.decoder, self.pins, self.step
-        out = self.stepper.step(logits.to(d.device), step, self.canvas, self.generator, d.logits)
+        if out is None:
+            out = self.stepper.step(logits.to(d.device), step, self.canvas, self.generator, d.logits)
         self_cond = out.pred_logits
         entropy = step_entropy(self_cond, out.entropy, self.stop.confidence)
         canvas, by_stop, stopped = self.stop.apply(out.canvas, self_cond, entropy)
@@ -260,21 +262,47 @@ class Lane:
 
 @with_compute_threads
 @torch.no_grad()
-def drive(model, lanes: list[Lane], should_cancel: Callable[[], bool] | None = None, forward=None) -> None:
-    """Step every lane to its end: per step one decoder forward (`forward(lanes)`, one logits per lane)
-    for all lanes still working; alone, a lane's own forward."""
+def drive(model, lanes, should_cancel: Callable[[], bool] | None = None, forward=None, size: int | None = None,
+          together=None) -> None:
+    """Step lanes to their ends, at most `size` at once (None: all of them): per step one decoder forward
+    (`forward(working)` -> (lanes, logits rows) groups) for every working lane; alone, a lane's own forward.
+    `lanes` may be a generator: a lane is taken (and launched) only when another has left, so a long list
+    streams through. `together(lanes, logits)` takes a group's scheduler steps at once where it can.
+    The steps run in helpers, so nothing here holds a lane (or its logits) after it left."""
+    waiting, working, steps = iter(lanes), [], [0]
     while True:
-        working = [lane for lane in lanes if lane.ready()]
+        working = [lane for lane in working if lane.ready()]
+        _take(waiting, working, size, should_cancel, steps)
         if not working:
             return
         if should_cancel is not None and should_cancel():
-            raise Cancelled(sum(len(lane.recorder) for lane in lanes))
-        if len(working) == 1 or forward is None:
-            logits = [lane.decoder.logits(lane.canvas, lane.self_cond) for lane in working]
-        else:
-            logits = forward(working)
-        for lane, lane_logits in zip(working, logits):
-            lane.advance(lane_logits)
+            raise Cancelled(steps[0])
+        _step(working, forward, together)
+        steps[0] += len(working)
+
+
+def _take(waiting, working: list, size, should_cancel, steps: list) -> None:
+    """Fill `working` up to `size` from `waiting` (a resumed lane's earlier steps count as done)."""
+    while size is None or len(working) < size:
+        if working and should_cancel is not None and should_cancel():
+            raise Cancelled(steps[0])
+        lane = next(waiting, None)
+        if lane is None:
+            return
+        steps[0] += len(lane.recorder)
+        if lane.ready():
+            working.append(lane)
+
+
+def _step(working: list, forward, together) -> None:
+    if len(working) == 1 or forward is None:
+        for lane in working:
+            lane.advance(lane.decoder.logits(lane.canvas, lane.self_cond))
+        return
+    for group, logits in forward(working):
+        outs = together(group, logits) if together is not None else [None] * len(group)
+        for row, (lane, out) in enumerate(zip(group, outs)):
+            lane.advance(logits[row:row + 1], out)
 
 
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],

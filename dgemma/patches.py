@@ -19,6 +19,9 @@
 - transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
   numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/batch.py);
   every other call is sdpa's own.
+- transformers: on the CPU, a loaded model's decoder experts (the module instances, not their class)
+  group each row of a batched forward's tokens alone while dgemma/batch.py runs one (`experts_by_row`
+  in dgemma/batch_experts.py); every other call is the experts' own.
 
 Each applies only to the versions whose code it was checked against (it looks at the code, not
 just the number), is logged once, and edits no installed file: all through dgemma/patching.py.
@@ -38,8 +41,6 @@ import torch
 
 from .patches_autoround import for_autoround_load
 from .patching import LOCK, note_once
-
-_install_lock, _note = LOCK, note_once  # the names dgemma/batch.py's sdpa patch uses
 
 
 class LazyPattern:

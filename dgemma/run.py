@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batch import BatchForward, fitting_batch
+from .batch import BatchForward, fitting_batch, give_back_freed
+from .batch_step import steps_together
 from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
 from .errors import InputError, short
@@ -19,7 +20,7 @@ from .excision import excise, thought_text
 from .guide import guide_for
 from .knobs import Knobs
 from .logprobs import MAX_TOP, Capture
-from .loop import Cancelled, Lane, LoopPlan, drive, num_blocks
+from .loop import Lane, LoopPlan, drive, num_blocks
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .pins import report as pin_report
 from .resume import Advanced, Resume, check_advanced
@@ -219,26 +220,39 @@ def _watched(model, lane: Lane, watch) -> None:
 def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
               should_cancel: Callable[[], bool] | None = None, max_batch: int | None = None,
               on_settled: Callable[[int], None] | None = None) -> list[RunResult]:
-    """Run prepared requests of one model together, `max_batch` at a time (None: as many as fit in free
-    memory): one decoder forward per step for every item still working, everything else (generator,
-    scheduler, stop, pins, constraint, record) per item, so each result is its solo run's.
+    """Run prepared requests of one model together, at most `max_batch` at once (None: as many as fit in
+    free memory): one decoder forward per step for every item still working, everything else (generator,
+    scheduler, stop, pins, constraint, record) per item, so each result is its solo run's. An item that
+    ends leaves the batch at once: its result is read, its cache freed, and the next item starts in its
+    place, so a long list streams through in the memory of one batch.
     `on_frame(index, frame)` reports each step, `on_settled(index)` each item that finished or paused."""
     check_batch(requests, max_batch)
     size = max_batch or (fitting_batch(requests) if len(requests) > 1 else 1)
-    results: list[RunResult] = []
-    for lo in range(0, len(requests), size):
-        items = []
-        for index, req in enumerate(requests[lo:lo + size], lo):
-            if items and should_cancel is not None and should_cancel():
-                raise Cancelled(0)
-            items.append(_launch(req, None if on_frame is None else functools.partial(on_frame, index)))
-            if on_settled is not None:
-                _tell_settled(items[-1], functools.partial(on_settled, index))
-        lanes = [item.lane for item in items if item.lane is not None]
-        if lanes:
-            model = requests[0].dm.model
-            drive(model, lanes, should_cancel, BatchForward(model))
-        results += [_result(item) for item in items]
+    results: list = [None] * len(requests)
+    settled = [0]
+
+    def settle(index: int, item: _Item) -> None:
+        results[index] = _result(item)
+        if item.lane is not None:
+            item.lane.on_end = None  # nothing holds the lane after it leaves the batch
+        settled[0] += 1
+        if len(requests) > size and settled[0] % size == 0:  # a list streaming through its batch
+            give_back_freed()
+        if on_settled is not None:
+            on_settled(index)
+
+    def lanes():
+        for index, req in enumerate(requests):
+            item = _launch(req, None if on_frame is None else functools.partial(on_frame, index))
+            if item.lane is None:  # a resumed run that had finished: nothing left to run
+                settle(index, item)
+                continue
+            item.lane.on_end = functools.partial(settle, index, item)
+            yield item.lane
+
+    model = requests[0].dm.model
+    forward = BatchForward(model) if size > 1 else None
+    drive(model, lanes(), should_cancel, forward, size, steps_together if forward is not None else None)
     return results
 
 
@@ -257,13 +271,6 @@ def check_batch(requests, max_batch=None) -> None:
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise InputError("max_batch", f"max_batch must be a whole number of items of at least 1, got "
                                       f"{short(max_batch)}")
-
-
-def _tell_settled(item, told) -> None:
-    if item.lane is None:
-        told()  # a resumed run that had finished: nothing left to run
-    else:
-        item.lane.on_end = told
 
 
 @dataclass(eq=False)

@@ -1,8 +1,9 @@
 """The ComfyUI nodes: thin classes over the engine in dgemma/."""
 
-from . import host
+from . import host, wiring
 from .decide import DGemmaDecide
 from .encode import DGemmaEncode
+from .join_texts import DGemmaJoinTexts
 from .loader import DGemmaLoader
 from .prompt_list import DGemmaPromptList
 from .remote_loader import DGemmaRemoteLoader
@@ -24,7 +25,12 @@ NODE_CLASS_MAPPINGS = {
     "DGemmaRunLogWriter": DGemmaRunLogWriter,
     "DGemmaPromptList": DGemmaPromptList,
     "DGemmaDecide": DGemmaDecide,
+    "DGemmaJoinTexts": DGemmaJoinTexts,
 }
+
+# every queued prompt says which of these nodes' frames and images it reads (nodes/wiring.py)
+ON_DEMAND_CLASSES = {name: cls for name, cls in NODE_CLASS_MAPPINGS.items() if getattr(cls, "ON_DEMAND", ())}
+host.on_prompt(wiring.on_prompt(ON_DEMAND_CLASSES))
 
 NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaLoader": "DiffusionGemma Loader",
@@ -37,4 +43,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaRunLogWriter": "DiffusionGemma Run Log Writer",
     "DGemmaPromptList": "DiffusionGemma Prompt List",
     "DGemmaDecide": "DiffusionGemma Decide",
+    "DGemmaJoinTexts": "DiffusionGemma Join Texts",
 }

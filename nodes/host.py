@@ -99,6 +99,24 @@ class ProgressText:
             instance.send_progress_text(node_text(text), str(self.node_id), instance.client_id)
 
 
+def on_prompt(handler) -> bool:
+    """Have ComfyUI's server pass every queued prompt through `handler` (json -> json) before it is
+    validated; False outside ComfyUI."""
+    instance = _server()
+    if instance is None or not hasattr(instance, "add_on_prompt_handler"):
+        return False
+    instance.add_on_prompt_handler(handler)
+    return True
+
+
+def unmade(message: str):
+    """What an output that was not made holds: ComfyUI's ExecutionBlocker, so a node that reads it anyway
+    stops with `message` instead of taking an empty value; None outside ComfyUI."""
+    utils = comfy("comfy_execution.graph_utils")
+    blocker = getattr(utils, "ExecutionBlocker", None)
+    return blocker(message) if blocker is not None else None
+
+
 def check_interrupt() -> bool:
     """Raise ComfyUI's own interrupt exception when the user pressed Cancel, so nothing partial is cached."""
     mm = comfy("comfy.model_management")

@@ -113,8 +113,22 @@ def reporting_node_ends():
         _ends_reported = saved
 
 
+_owed: dict[str, list] = {}  # node id -> what to do once it has returned (its outputs cached)
+
+
+def when_returned(node_id, then) -> None:
+    """Call `then()` once node `node_id` has returned and the executor has its outputs; at once where no
+    executor tells us (a direct call: the caller returns right after)."""
+    if node_id is None or not _watch_node_ends():
+        then()
+        return
+    _owed.setdefault(str(node_id), []).append(then)
+
+
 def node_finished(node_id) -> None:
     """A node finished (all its list items, or it failed): apply the after-run policy it owes."""
+    for then in _owed.pop(str(node_id), ()):
+        then()
     for dm, held in list(_held.items()):
         if str(node_id) in held.pending:
             held.pending.discard(str(node_id))
@@ -170,6 +184,9 @@ class _NodeEnds:
     def reset(self):  # the next prompt starts: what a stopped prompt left pending is dropped
         for held in _held.values():
             held.pending.clear()
+        for node_id in list(_owed):  # a node that ended untold still says so, late rather than never
+            for then in _owed.pop(node_id, ()):
+                then()
 
     def enable(self):
         self.enabled = True

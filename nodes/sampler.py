@@ -29,6 +29,7 @@ from .schema import (
     output_spec,
     validate_knobs,
 )
+from .wiring import made
 
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
 TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before decoding. Leave it empty with "
@@ -54,6 +55,7 @@ class LiveRun:
         self.stream = BatchStream(str(node_id) if node_id is not None else "", rows, model.canvas_length,
                                   model.token_strings, readings_of(model))
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
+        self.node_id = node_id
         self.live = host.live()
 
     def start(self) -> None:
@@ -82,10 +84,11 @@ class LiveRun:
             host.send(DONE, ended)
 
     def done(self, results) -> None:
+        """The end, told once the node has returned: until ComfyUI holds its outputs the run is not done."""
         self.bar.to(self.total)
         if self.live:
-            self.note.show(self.stream.done_text(results), force=True)
-            host.send(DONE, self.stream.done(results))
+            text, event = self.stream.done_text(results), self.stream.done(results)
+            memory.when_returned(self.node_id, lambda: (self.note.show(text, force=True), host.send(DONE, event)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,18 +171,26 @@ def run_calls(node_id, calls: list[Call], max_batch: int | None = None) -> list:
     return results
 
 
-def item_outputs(call: Call, result) -> tuple:
-    model = call.model
-    outputs = (result.text, result.state, result.trace, frame_texts(result.trace, model.token_strings),
-               render_images(result.trace, model.token_strings, Asked.of(call.prompt, result.config.image)),
-               result.config)
+UNMADE = ("not made: no node of this prompt read it when it was queued; queue the prompt again from the "
+          "page, or through ComfyUI's /prompt")
+
+
+def item_outputs(call: Call, result, make=lambda name: True) -> tuple:
+    """One item's outputs; `make(name)` says whether an on-demand output (frames, images) is read."""
+    model, trace = call.model, result.trace
+    frames = frame_texts(trace, model.token_strings) if make("frames") else [host.unmade(f"frames {UNMADE}")]
+    images = (render_images(trace, model.token_strings, Asked.of(call.prompt, result.config.image))
+              if make("images") else host.unmade(f"images {UNMADE}"))
+    outputs = (result.text, result.state, trace, frames, images, result.config)
     return outputs + ((result.context,) if call.advance else ())
 
 
 def run_list(node, unique_id, inputs: dict) -> tuple:
     """A sampler node's call: every list item checked (a refusal names its item), then run as one batch
-    per model; the outputs merged as ComfyUI merges a list run's (a list output's items joined)."""
+    per model; the outputs merged as ComfyUI merges a list run's (a list output's items joined). The
+    frames and images are made only when the prompt reads them (nodes/wiring.py)."""
     node_id = unique_id[0] if isinstance(unique_id, list) else unique_id
+    graph = inputs.pop("graph", None)
     max_batch = max_batch_of(inputs)
     items = list_items(inputs)
     calls = []
@@ -191,7 +202,7 @@ def run_list(node, unique_id, inputs: dict) -> tuple:
         indexes = [i for i, c in enumerate(calls) if c.model is model]
         results = run_calls(node_id, [calls[i] for i in indexes], max_batch)
         for i, result in zip(indexes, results):
-            per_item[i] = item_outputs(calls[i], result)
+            per_item[i] = item_outputs(calls[i], result, lambda name: made(graph, node_id, name))
     return tuple([x for out in per_item for x in out[k]] if listed else [out[k] for out in per_item]
                  for k, listed in enumerate(node.ITEM_OUTPUT_IS_LIST))
 
@@ -202,6 +213,7 @@ class DGemmaSampler:
     INPUT_IS_LIST = True  # a list of prompts (or of any input) runs as one batch
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
     OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)  # one value per item; frames: every item's, in order
+    ON_DEMAND = ("frames", "images")  # made only when the prompt reads them (nodes/wiring.py)
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
                    "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
@@ -215,7 +227,7 @@ class DGemmaSampler:
                          "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": PROMPT_TOOLTIP}),
                          **knob_inputs()},
             "optional": {"image": image_input(), "max_batch": MAX_BATCH},
-            "hidden": {"unique_id": "UNIQUE_ID"},
+            "hidden": {"unique_id": "UNIQUE_ID", "graph": "PROMPT"},
         }
 
     @classmethod

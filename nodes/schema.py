@@ -15,7 +15,7 @@ KV_CACHE = "DGEMMA_KV_CACHE"
 RUN_CONFIG = "DGEMMA_RUN_CONFIG"
 
 _WIDGET = {int: "INT", float: "FLOAT", bool: "BOOLEAN"}
-MAX_LIST = 1024  # items a sampler runs from one list (and lines of a DGemmaPromptList)
+MAX_LIST = 10_000  # items a sampler runs from one list (and lines of a DGemmaPromptList): lists stream at flat memory
 
 
 def knob_inputs(table: dict | None = None) -> dict:

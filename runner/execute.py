@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..nodes import NODE_CLASS_MAPPINGS, memory
+import copy
+
+from ..nodes import NODE_CLASS_MAPPINGS, ON_DEMAND_CLASSES, memory, wiring
 from .core_nodes import CORE_NODES
 from .graph import check_graph, execution_order, input_specs, is_link
 
@@ -35,8 +37,11 @@ def _calls(cls, kwargs: dict, listed: dict) -> list[dict]:
 
 
 def run_graph(graph: dict) -> dict:
-    """Execute the output nodes of `graph` and their ancestors; returns {node id: ui dict}."""
+    """Execute the output nodes of `graph` and their ancestors; returns {node id: ui dict}. The graph is
+    stamped with what it reads, as ComfyUI's server stamps a queued prompt (nodes/wiring.py)."""
     check_graph(graph, CLASSES)
+    graph = copy.deepcopy(graph)
+    wiring.stamp(graph, ON_DEMAND_CLASSES)
     with memory.reporting_node_ends():
         return _run(graph)
 

@@ -3,7 +3,8 @@
 Batched float arithmetic may round the last bit differently (the mixture-of-experts layers multiply a
 different number of tokens at once), and self-conditioning feeds each step's logits into the next,
 so a recorded entropy can drift from its solo value while every sampled token stays the same.
-`differences` names what differs besides the entropy; `entropy_exact` says whether that did too.
+`differences` names what differs besides the entropy; `entropy_exact` says whether that did too, and
+`entropy_within_half` whether it stayed within float16 rounding (what the trace keeps).
 """
 
 from __future__ import annotations
@@ -46,3 +47,13 @@ def differences(solo, batched, token_strings=None) -> list[str]:
 def entropy_exact(solo, batched) -> bool:
     a, b = solo.trace.entropy, batched.trace.entropy
     return a.shape == b.shape and np.array_equal(a, b)
+
+
+def entropy_within_half(solo, batched) -> bool:
+    """Whether every entropy reading is its solo value to within float16 rounding (one float16 step of
+    the larger of the two; the trace keeps them as float16)."""
+    a, b = solo.trace.entropy, batched.trace.entropy
+    if a.shape != b.shape:
+        return False
+    step = np.spacing(np.maximum(np.abs(a), np.abs(b)).astype(np.float16)).astype(np.float32)
+    return bool((np.abs(a.astype(np.float32) - b.astype(np.float32)) <= step).all())

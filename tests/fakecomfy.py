@@ -23,6 +23,7 @@ class Recorder:
         self.memory: list[tuple[str, str]] = []  # ("load" | "unload", model class name), in order
         self.text: list[tuple[str, str]] = []    # send_progress_text calls: (node id, text)
         self.registry = None                      # comfy_execution.progress's registry of the prompt
+        self.prompt_handlers: list = []           # the server's on-prompt handlers, in order
 
     def steps(self) -> list[dict]:
         return [data for event, data, _ in self.events if event == "dgemma.step"]
@@ -35,6 +36,9 @@ def installed(tmp_path):
 
     class Instance:
         client_id = "client-1"
+
+        def add_on_prompt_handler(self, handler):
+            rec.prompt_handlers.append(handler)
 
         def send_progress_text(self, text, node_id, sid=None):
             rec.text.append((str(node_id), text))
@@ -87,6 +91,9 @@ def installed(tmp_path):
     try:
         yield rec
     finally:
+        from diffusiongemma.nodes import memory
+
+        memory._owed.clear()  # what a test's prompt still owed when it ended is never told elsewhere
         for name, module in saved.items():
             if module is None:
                 sys.modules.pop(name, None)
@@ -174,3 +181,73 @@ def _model_management(rec) -> dict:
             "loaded_models": lambda only_currently_used=False: [m.model for m in current],
             "soft_empty_cache": lambda force=False: None,
             "unload_all_models": lambda: free_memory(1e30, None)}
+
+
+def cache_key(graph: dict, node_id: str, classes: dict) -> str:
+    """ComfyUI 0.8's key of a node's cached outputs (comfy_execution/caching.py, the input signature):
+    its class, IS_CHANGED (none of these nodes has one), its id when it declares UNIQUE_ID, and every input
+    in name order, a link standing for its ancestor's place in the ordered ancestry, then each ancestor's."""
+    from diffusiongemma.runner.graph import is_link
+
+    ancestors: list[str] = []
+
+    def walk(nid):
+        inputs = graph[nid]["inputs"]
+        for name in sorted(inputs):
+            if is_link(inputs[name]) and inputs[name][0] not in ancestors:
+                ancestors.append(inputs[name][0])
+                walk(inputs[name][0])
+
+    def immediate(nid):
+        node = graph[nid]
+        key = [node["class_type"], False]
+        if "UNIQUE_ID" in classes[node["class_type"]].INPUT_TYPES().get("hidden", {}).values():
+            key.append(nid)
+        for name in sorted(node["inputs"]):
+            value = node["inputs"][name]
+            key.append((name, ("ANCESTOR", ancestors.index(value[0]), value[1]) if is_link(value) else value))
+        return key
+
+    walk(node_id)
+    return repr([immediate(node_id)] + [immediate(a) for a in ancestors])
+
+
+class CachingExecutor:
+    """Queues API graphs as ComfyUI's server does: the on-prompt handlers first, then each node run unless
+    its cache key holds outputs already; `ran` lists the nodes each queue executed."""
+
+    def __init__(self, rec, classes: dict):
+        self.rec, self.classes, self.cache, self.ran = rec, classes, {}, []
+
+    def queue(self, graph: dict) -> dict:
+        from diffusiongemma.runner import execute
+
+        data = {"prompt": graph}
+        for handler in self.rec.prompt_handlers:
+            data = handler(data)
+        graph, results, listed, ran = data["prompt"], {}, {}, []
+        for node_id in execute.execution_order(graph, self.classes):
+            key = cache_key(graph, node_id, self.classes)
+            if key not in self.cache:
+                self.cache[key] = self._run(graph, node_id, results, listed)
+                ran.append(node_id)
+            results[node_id], listed[node_id] = self.cache[key]
+        self.ran.append(ran)
+        return results
+
+    def _run(self, graph, node_id, results, listed):
+        from diffusiongemma.runner import execute
+
+        cls = self.classes[graph[node_id]["class_type"]]
+        kwargs, is_list = {}, {}
+        for name, value in graph[node_id]["inputs"].items():
+            if name in {**cls.INPUT_TYPES().get("required", {}), **cls.INPUT_TYPES().get("optional", {})}:
+                linked = isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+                kwargs[name] = results[value[0]][value[1]] if linked else value
+                is_list[name] = listed[value[0]][value[1]] if linked else False
+        hidden = execute.hidden_values(cls, node_id, graph)
+        outs = [execute.call_node(cls, c, hidden)[0] for c in execute._calls(cls, kwargs, is_list)]
+        as_list = getattr(cls, "OUTPUT_IS_LIST", (False,) * len(cls.RETURN_TYPES))
+        if len(outs) == 1:
+            return outs[0], as_list
+        return tuple(zip(*outs)), (True,) * len(cls.RETURN_TYPES)

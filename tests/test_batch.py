@@ -55,6 +55,7 @@ def test_a_hundred_mixed_items_equal_their_solo_runs(demo_model, forwards):
     forwards.clear()
     batched = run_batch([prepare(demo_model, p, k) for p, k, _ in specs], max_batch=8)
     same, exact = assert_items_equal(demo_model, solo, batched, share=0.99)
+    assert exact == len(specs)  # on the CPU each row's experts run alone: no last-bit drift for self-conditioning
     assert max(forwards) == 8 and len(forwards) < alone / 3, (len(forwards), alone)
     print(f"identical items {same}/{len(specs)}, entropy to the last bit {exact}, forwards {len(forwards)} "
           f"batched vs {alone} solo")
@@ -122,6 +123,72 @@ def test_max_batch_splits_a_long_list(demo_model, forwards):
     solo, batched = both(demo_model, specs, max_batch=3)
     assert_items_equal(demo_model, solo, batched)
     assert forwards[len(specs) * 6:] == [3] * 6 + [3] * 6 + [1] * 6  # solo first, then 3 + 3 + 1 items
+
+
+def test_a_batched_forward_groups_each_rows_experts_alone(demo_model, monkeypatch):
+    """The experts of a batch compute each row as its solo call does, grouped matmul by grouped matmul; a
+    batched grouping (more tokens per expert) rounds otherwise, and the probe refuses it."""
+    from diffusiongemma.dgemma import batch_experts
+
+    assert batch_experts.experts_by_row(demo_model.model)  # as a batched forward gives it (idempotent)
+    layer = demo_model.model.model.decoder.layers[0]
+    experts, n = layer.experts, demo_model.canvas_length
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(8 * n, layer.router.proj.in_features, generator=gen)
+    with torch.no_grad():
+        _, weights, index = layer.router(hidden * torch.linspace(0.2, 3, 8 * n)[:, None])
+        alone = torch.cat([experts(hidden[i:i + n], index[i:i + n], weights[i:i + n]) for i in range(0, 8 * n, n)])
+        with batch_experts.rows_of(n):
+            grouped = experts(hidden, index, weights)
+        batched = experts(hidden, index, weights)
+        assert batch_experts._fast[experts] and torch.equal(grouped, alone)
+        batch_experts._fast[experts] = False  # the layer's own forward row by row
+        with batch_experts.rows_of(n):
+            assert torch.equal(experts(hidden, index, weights), alone)
+        del batch_experts._fast[experts]
+        monkeypatch.setattr(batch_experts, "_grouped_rows", lambda module, h, i, w, n: module.__class__.forward(
+            module, h, i, w))
+        assert not batch_experts._probe(experts, experts.forward, n)  # one grouping for all rows is not a row's
+    assert not torch.equal(batched, alone)  # what the rows alone avoid, on these rows
+
+
+def test_items_leave_at_once_and_the_next_take_their_place(demo_model, forwards, monkeypatch):
+    """A list longer than max_batch streams: an item that ends is read and its cache freed before the next
+    step, and a waiting item joins, so the batch stays full and at most max_batch caches are alive."""
+    import gc
+    import weakref
+
+    from diffusiongemma.dgemma import run as run_module
+
+    caches, starts = {}, run_module.fresh_start
+
+    def fresh_start(req):
+        start = starts(req)
+        caches[len(caches)] = weakref.ref(start.cache)
+        return start
+
+    monkeypatch.setattr(run_module, "fresh_start", fresh_start)
+    specs = [(PROMPTS[i % 8], Knobs(seed=i, gen_length=32 * (1 + i % 2), num_inference_steps=4 + i % 5,
+                                    confidence=0.0), {}) for i in range(10)]
+    settled, alive, kept = {}, [], []
+
+    def frame(index, _):
+        alive.append((index, sum(ref() is not None for ref in caches.values())))
+        kept.extend(j for j, clock in settled.items() if clock < len(forwards) and caches[j]() is not None)
+
+    gc.disable()  # what is freed must be freed by reference counting, at once
+    try:
+        batched = run_batch([prepare(demo_model, p, k) for p, k, _ in specs], max_batch=3, on_frame=frame,
+                            on_settled=lambda i: settled.setdefault(i, len(forwards)))
+    finally:
+        gc.enable()
+    assert sorted(settled) == list(range(10)) and list(settled) != sorted(settled)  # short items left first
+    assert not kept  # no ended item's cache outlived the next forward
+    assert max(n for _, n in alive) <= 3 + 1  # an item that ended this step may be alive still
+    last_joined = next(k for k, (i, _) in enumerate(alive) if i == 9)
+    assert min(n for _, n in alive[:last_joined]) >= 3  # the batch stayed full until the list ran out
+    assert max(forwards) == 3
+    assert_items_equal(demo_model, [run(prepare(demo_model, p, k)) for p, k, _ in specs], batched)
 
 
 def test_interrupt_stops_the_whole_batch_within_one_step(demo_model, forwards):

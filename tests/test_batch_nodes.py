@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import fakecomfy
 import pytest
 import torch
@@ -31,6 +33,7 @@ def test_a_prompt_list_runs_as_one_batch_and_each_item_is_its_single_run(tmp_pat
     seeds = [3, 4, 5, 6]
     with fakecomfy.installed(tmp_path) as comfy:
         listed, _ = call(Sampler, model=demo_model, prompt=PROMPTS, **{**KNOBS, "seed": seeds})
+        comfy.registry.finish_progress("17")
         events = list(comfy.events)
     singles = [call(Sampler, model=demo_model, prompt=p, **{**KNOBS, "seed": s})[0] for p, s in zip(PROMPTS, seeds)]
     assert all(len(v) == 4 for k, v in enumerate(listed) if k != 3)
@@ -66,6 +69,7 @@ def test_progress_text_counts_the_settled_items(tmp_path, demo_model, monkeypatc
     monkeypatch.setattr(host.ProgressText, "every", 0.0)
     with fakecomfy.installed(tmp_path) as comfy:
         call(Sampler, model=demo_model, prompt=PROMPTS[:2], **{**KNOBS, "gen_length": [32, 96]})
+        comfy.registry.finish_progress("17")
     texts = [shown(t) for _, t in comfy.text]
     assert texts[0].startswith("0 of 2 items settled · item ")
     assert any(t.startswith("1 of 2 items settled") for t in texts)
@@ -156,8 +160,8 @@ def test_max_batch_bounds_how_many_items_share_a_forward(demo_model, monkeypatch
 
 
 @pytest.mark.parametrize("inputs, says", [
-    (dict(prompt=["What is 2+2?"] * 3000), "prompt is a list of 3000 items, over the 1024 one sampler runs"),
-    (dict(prompt=["What is 2+2?"], seed=list(range(2000))), "seed is a list of 2000 items, over the 1024"),
+    (dict(prompt=["What is 2+2?"] * 10_001), "prompt is a list of 10001 items, over the 10000 one sampler runs"),
+    (dict(prompt=["What is 2+2?"], seed=list(range(12_000))), "seed is a list of 12000 items, over the 10000"),
     (dict(prompt=[]), "prompt is an empty list: the node wired to it gave no items"),
     (dict(prompt=PROMPTS[:2], max_batch=[1, 2]), "max_batch is a list of 2 different values ([1, 2])"),
     (dict(prompt=["Hi", "x " * 20_000]), "list item 1 of 2: prompt is 40025 tokens, over the limit of 8192"),
@@ -168,10 +172,30 @@ def test_hostile_lists_are_refused_before_any_work(tmp_path, demo_model, no_mode
             call(Sampler, model=demo_model, **{**KNOBS, **inputs})
     assert says in str(err.value) and len(str(err.value)) < 500
     assert comfy.events == []
-    with pytest.raises(ValueError, match="prompts has 10000 lines, over 1024"):
-        call(PromptList, prompts="What is 2+2?\n" * 10_000)
+    with pytest.raises(ValueError, match="prompts has 10001 lines, over 10000"):
+        call(PromptList, prompts="What is 2+2?\n" * 10_001)
 
 
 def test_one_max_batch_repeated_over_a_list_is_that_value(demo_model):
     listed, _ = call(Sampler, model=demo_model, prompt=PROMPTS[:2], max_batch=[1, 1], **KNOBS)
     assert listed[0] == call(Sampler, model=demo_model, prompt=PROMPTS[:2], **KNOBS)[0][0]
+
+
+def test_join_texts_shows_every_answer_of_a_list(demo_model):
+    from diffusiongemma.dgemma.errors import InputError
+    from diffusiongemma.nodes.join_texts import DGemmaJoinTexts, join_texts
+    from diffusiongemma.runner.core_nodes import PreviewAny
+    from diffusiongemma.runner.execute import call_node
+
+    (texts, *_), _ = call(Sampler, model=demo_model, prompt=PROMPTS, **KNOBS)
+    (joined,), _ = call(DGemmaJoinTexts, text=texts, format="json", separator="")
+    _, ui = call_node(PreviewAny, {"source": joined})  # what Preview as Text shows
+    answers = [call(Sampler, model=demo_model, prompt=p, **KNOBS)[0][0] for p in PROMPTS]
+    assert len(ui["text"]) == 1 and json.loads(ui["text"][0]) == answers  # one preview holds them all
+    (joined,), _ = call(DGemmaJoinTexts, text=["a", "b\nc"], format="separator", separator=" | ")
+    assert joined == "a | b\nc" and join_texts(["a", "b"]) == "a\n\nb"
+    assert join_texts(["a", "b\nc"], "numbered") == "1. a\n2. b c"
+    with pytest.raises(InputError, match="list item 1 is a int"):
+        join_texts(["a", 3])
+    with pytest.raises(InputError, match="format must be one of"):
+        join_texts(["a"], "yaml")

@@ -24,7 +24,8 @@ KNOBS = dict(seed=3, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound
 def test_registry_keeps_the_original_names_and_documents_every_socket():
     assert set(NODE_CLASS_MAPPINGS) == {"DGemmaLoader", "DGemmaSampler", "DGemmaDenoise", "DGemmaEncode",
                                         "DGemmaTrace", "DGemmaRunLogWriter", "DGemmaSamplerAdvanced",
-                                        "DGemmaRemoteLoader", "DGemmaPromptList", "DGemmaDecide"}
+                                        "DGemmaRemoteLoader", "DGemmaPromptList", "DGemmaDecide",
+                                        "DGemmaJoinTexts"}
     assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_CLASS_MAPPINGS)
     assert (REPO / WEB_DIRECTORY / "live_view.js").is_file()
     for name, cls in NODE_CLASS_MAPPINGS.items():
@@ -100,6 +101,8 @@ def test_events_progress_and_payload_size(tmp_path, tiny_model):
     with fakecomfy.installed(tmp_path) as comfy:
         knobs = {**KNOBS, "confidence": 0.0, "num_inference_steps": 5, "gen_length": 256}
         (text, state, *_), _ = call(Sampler, model=tiny_model, prompt="hello", **knobs)
+        assert "dgemma.done" not in [e for e, _, _ in comfy.events]  # done once ComfyUI holds the outputs
+        comfy.registry.finish_progress("17")
     kinds = [e for e, _, _ in comfy.events]
     assert kinds[0] == "dgemma.start" and kinds[-1] == "dgemma.done"
     steps = comfy.steps()
@@ -123,6 +126,7 @@ def test_progress_text_under_the_node_each_step_then_the_answer(tmp_path, demo, 
     advanced = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
     with fakecomfy.installed(tmp_path) as comfy:
         (text, state, *_), _ = call(Sampler, model=demo, prompt="What is 3+4?", **KNOBS)
+        comfy.registry.finish_progress("17")
         lines = [shown(t) for node, t in comfy.text if node == "17"]
         assert len(lines) == state.steps_used + 1
         assert lines[0].startswith("block 1/≤1  step 1/≤48  T ") and "  committed " in lines[0].split("\n")[0]
@@ -130,6 +134,7 @@ def test_progress_text_under_the_node_each_step_then_the_answer(tmp_path, demo, 
         comfy.text.clear()
         window = dict(KNOBS, scheduler="entropy_bound", pins="")
         (_, paused, *_), _ = call(advanced, model=demo, prompt="What is 3+4?", start_step=0, end_step=4, **window)
+        comfy.registry.finish_progress("17")
         assert paused.paused and shown(comfy.text[-1][1]).startswith("paused after 4 steps")
 
 
@@ -146,6 +151,7 @@ def test_progress_text_wraps_at_spaces_and_shows_tokens_as_written(tmp_path, dem
     monkeypatch.setattr(host.ProgressText, "every", 0.0)
     with fakecomfy.installed(tmp_path) as comfy:
         (text, state, *_), _ = call(Sampler, model=demo, prompt="What is 3+4?", **KNOBS)
+        comfy.registry.finish_progress("17")
         markup = [t for node, t in comfy.text if node == "17"]
     assert any("&lt;pad&gt;" in t for t in markup) and all("<pad>" not in t for t in markup)
     assert all(t.count("\n") == t.count("  \n") for t in markup)  # Markdown keeps only hard breaks

@@ -13,7 +13,7 @@
 // by the steps naming that item, under a header counting the items denoising and settled.
 
 const STYLE_ID = "dgemma-live-view-style";
-export const ROW_PX = 84; // height of a list run's row: its header, its prompt and two lines of text
+export const ROW_PX = 50; // least height of a list run's row: its header, its prompt and a line of its text
 const NAME = /^[a-z]+$/;
 
 const CSS = `
@@ -42,10 +42,14 @@ const CSS = `
 .dgemma-view.dg-error .dg-header { color: #ff8a80; }
 .dgemma-view.dg-interrupted .dg-header { color: #ffcc80; }
 .dgemma-view .dg-rows { display: flex; flex-direction: column; gap: 3px; height: 100%; white-space: normal; }
-/* a row keeps its header, prompt and two lines of text; more rows scroll, and the browser lays out and
-   paints only the rows in sight (a list may hold a thousand) */
+/* a row keeps its header, prompt and a line of text (more when few rows share the view); the rows scroll
+   as one, never each on its own, and the browser lays out and paints only the rows in sight (a list may
+   hold a thousand) */
 .dgemma-view .dg-row { display: flex; flex: 1 0 ${ROW_PX}px; min-height: ${ROW_PX}px;
   content-visibility: auto; contain-intrinsic-size: auto ${ROW_PX}px; }
+.dgemma-view .dg-row .dg-header, .dgemma-view .dg-row .dg-asked { padding: 0 6px; }
+.dgemma-view .dg-row .dg-asked img { height: 14px; }
+.dgemma-view .dg-row .dg-body { overflow: hidden; padding: 0 6px; }
 `;
 
 function ensureStyle(doc) {

@@ -46,6 +46,27 @@ function findNode(id) {
   return null;
 }
 
+// A node's run is saved (for a workflow tab that comes back) once per animation frame, not per event: a
+// list's snapshot holds every row, and its steps come by the thousand.
+export const glueStats = { saves: 0 };
+const unsaved = new Map(); // LGraphNode -> its view, saved at the next frame
+let saveHandle = null;
+
+function save(node, view) {
+  glueStats.saves += 1;
+  lastRuns.set(runKey(node), view.snapshot());
+}
+
+function saveSoon(node, view) {
+  unsaved.set(node, view);
+  if (saveHandle !== null) return;
+  saveHandle = requestAnimationFrame(() => {
+    saveHandle = null;
+    for (const [n, v] of unsaved) save(n, v);
+    unsaved.clear();
+  });
+}
+
 function route(method) {
   return (e) => {
     const ev = e?.detail;
@@ -55,7 +76,7 @@ function route(method) {
     if (!view) return;
     view[method](ev);
     if (method === "start") fitRows(node, view);
-    lastRuns.set(runKey(node), view.snapshot());
+    saveSoon(node, view);
   };
 }
 
@@ -84,6 +105,8 @@ app.registerExtension({
     widget.serialize = false; // never part of widgets_values: the Python node has no such input
     const onRemoved = node.onRemoved;
     node.onRemoved = function () {
+      if (unsaved.has(this)) save(this, unsaved.get(this)); // a tab switch must not lose this frame's events
+      unsaved.delete(this);
       views.get(this)?.destroy();
       views.delete(this);
       return onRemoved?.apply(this, arguments);

@@ -508,10 +508,12 @@ try {
       api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, node: "41" } }));
       api.dispatchEvent(new CustomEvent("dgemma.step", { detail: { ...step, node: "41" } }));
       await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
-      return { before, after: n.size[1], rows: n.widgets[0].element.querySelectorAll(".dg-row").length };
+      const { ROW_PX } = await import("/web/canvas_view.js");
+      return { before, after: n.size[1], rows: n.widgets[0].element.querySelectorAll(".dg-row").length, ROW_PX };
     }, { start: B_START, step: B_STEPS[0] });
     assertEq(r.rows, B_START.items, "rows in the node");
-    assertEq(r.after, Math.min(r.before + (B_START.items - 1) * 84, 100 + 480), `node height ${r.before} -> ${r.after}`);
+    assertEq(r.after, Math.min(r.before + (B_START.items - 1) * r.ROW_PX, 100 + 480),
+      `node height ${r.before} -> ${r.after}`);
   });
 
   await check("a list's items past the running batch wait, and the header counts only the batch", async () => {
@@ -532,22 +534,67 @@ try {
     assert(r.rows[0].startsWith("item 1 · committed"), `the working row: ${r.rows[0]}`);
   });
 
-  await check("glue: a list longer than the node can grow keeps each row's text readable and scrolls", async () => {
-    const r = await page.evaluate(async ({ start }) => {
-      const { api } = await import("/scripts/api.js");
-      const n = await glueNode("DGemmaSampler", 42);
-      const rows = Array.from({ length: 40 }, (_, i) => start.rows[i % start.rows.length]);
-      api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, items: 40, rows, node: "42" } }));
-      await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
-      const body = n.widgets[0].element.querySelector(".dg-body");
-      body.style.height = `${n.size[1]}px`;
-      const heights = [...body.querySelectorAll(".dg-row")].map((row) => row.getBoundingClientRect().height);
-      return { heights, scrolls: body.scrollHeight > body.clientHeight };
-    }, { start: B_START });
-    assertEq(r.heights.length, 40, "rows");
-    assert(Math.min(...r.heights) >= 84, `row heights ${Math.min(...r.heights)} .. ${Math.max(...r.heights)}`);
-    assert(r.scrolls, "the rows scroll inside the view");
-  });
+  await check("glue: a long list shows more than five rows in a 460 px view, each readable, one scroll for all",
+    async () => {
+      const r = await page.evaluate(async ({ start, steps }) => {
+        const { api } = await import("/scripts/api.js");
+        const { ROW_PX } = await import("/web/canvas_view.js");
+        const n = await glueNode("DGemmaSampler", 42);
+        const rows = Array.from({ length: 40 }, (_, i) => start.rows[i % start.rows.length]);
+        api.dispatchEvent(new CustomEvent("dgemma.start", { detail: { ...start, items: 40, rows, node: "42" } }));
+        for (let i = 0; i < 40; i++) {  // every row holds a long text, more than its line shows
+          api.dispatchEvent(new CustomEvent("dgemma.step", { detail: { ...steps[steps.length - 1], item: i,
+            settled: {}, node: "42", tokens: Array(200).fill("word ") } }));
+        }
+        const box = n.widgets[0].element;
+        box.style.height = "460px";
+        box.scrollIntoView();  // rows out of the page's sight are not laid out (content-visibility)
+        await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+        const body = box.querySelector(".dg-body");
+        const bottom = body.getBoundingClientRect().top + body.clientHeight;
+        const all = [...body.querySelectorAll(".dg-row")];
+        const seen = all.filter((row) => row.getBoundingClientRect().bottom <= bottom + 0.5);
+        const inner = all.map((row) => row.querySelector(".dg-body"));
+        return { heights: all.map((row) => row.getBoundingClientRect().height), ROW_PX, seen: seen.length,
+          scrolls: body.scrollHeight > body.clientHeight,
+          rowScrolls: inner.filter((b) => getComputedStyle(b).overflowY !== "hidden").length,
+          texts: seen.filter((row) => row.querySelector(".dg-body").clientHeight >= 14).length,
+          filled: all.filter((row) => row.querySelector(".dg-body").textContent.length > 0).length };
+      }, { start: B_START, steps: B_STEPS });
+      await page.locator(".dgemma-view:has(> .dg-body > .dg-rows)").last()
+        .screenshot({ path: path.join(shotDir, "7-long-list.png") });
+      assertEq(r.heights.length, 40, "rows");
+      assert(Math.min(...r.heights) >= r.ROW_PX, `row heights ${Math.min(...r.heights)} .. ${Math.max(...r.heights)}`);
+      assert(r.seen > 5, `rows in sight in a 460 px view: ${r.seen}`);
+      assert(r.scrolls, "the rows scroll inside the view");
+      assertEq(r.rowScrolls, 0, "rows that scroll on their own");
+      assertEq(r.texts, r.seen, "rows in sight showing a line of their text");
+      assertEq(r.filled, 40, "rows holding their text");
+    });
+
+  await check("glue: a run's state is saved once per animation frame, and kept when its tab closes at once",
+    async () => {
+      const r = await page.evaluate(async ({ start, steps }) => {
+        const { api } = await import("/scripts/api.js");
+        const { glueStats } = await import("/web/live_view.js");
+        const n = await glueNode("DGemmaSampler", 43);
+        await frames2();
+        const before = glueStats.saves;
+        const send = (type, detail) => api.dispatchEvent(new CustomEvent(type, { detail: { ...detail, node: "43" } }));
+        send("dgemma.start", start);
+        for (let k = 0; k < 100; k++) send("dgemma.step", { ...steps[k % steps.length], settled: {} });
+        await frames2();
+        const perFrame = glueStats.saves - before;
+        send("dgemma.step", { ...steps[0], settled: {} });
+        n.onRemoved?.();  // the tab closes before the next frame
+        const saved = glueStats.saves - before - perFrame;
+        await frames2();
+        return { perFrame, saved, after: glueStats.saves - before - perFrame - saved };
+      }, { start: B_START, steps: B_STEPS });
+      assertEq(r.perFrame, 1, "saves for 101 events within one frame");
+      assertEq(r.saved, 1, "saves when the node is removed before its frame");
+      assertEq(r.after, 0, "saves left for the frame after the node was removed");
+    });
 
   await check("a workflow tab switch keeps each node's last run", async () => {
     const r = await page.evaluate(async ({ start, step, done }) => {

@@ -1,0 +1,100 @@
+"""The entropy-bound scheduler's step for many lanes at once, each lane's exactly as its own step.
+
+A batched step's forward is shared; its sampling was not: every lane called diffusers'
+EntropyBoundScheduler.step on its own rows, and on a small model those calls cost as much as the
+forward. Here the vocabulary-wide work (softmax, draw, entropy, sort) runs once for the group, and
+only what must stay per lane does: the temperature and bound it divides and compares by (one op per
+distinct value), and the random draws from its own generator, in the order its step draws them
+(`multinomial`'s exponential noise, then the renoising tokens). It applies only where the scheduler's
+code and torch's `multinomial` are the ones this was checked against; anything else steps per lane.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+
+import torch
+
+from .patches import _installed
+from .schedulers import EntropyBound, StepOutput
+
+# sha256 (16 hex) of EntropyBoundScheduler.step and _sample_from_logits source, as in diffusers 0.42
+CHECKED_STEP = "1285ea587eeee5f3"
+_checked: dict[str, bool] = {}
+_lock = threading.Lock()
+
+
+def _source_key(scheduler_class) -> str:
+    text = inspect.getsource(scheduler_class.step) + inspect.getsource(scheduler_class._sample_from_logits)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _multinomial_is_exponential_argmax() -> bool:
+    """Whether torch's one-sample multinomial is argmax(p / q), q ~ Exp(1) from the generator (torch 2.x on
+    the CPU): the draw replayed here per lane."""
+    p = torch.softmax(torch.arange(24, dtype=torch.float32).reshape(3, 8).sin() * 4, dim=-1)
+    a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    drawn = torch.multinomial(p, 1, generator=a)
+    replayed = torch.argmax(p / torch.empty_like(p).exponential_(1, generator=b), dim=-1, keepdim=True)
+    return torch.equal(drawn, replayed) and torch.equal(a.get_state(), b.get_state())
+
+
+def _applies(scheduler) -> bool:
+    """True where this scheduler's step is the code replayed here (checked once per class)."""
+    cls = type(scheduler)
+    with _lock:
+        if cls.__name__ not in _checked:
+            try:
+                same = _source_key(cls) == CHECKED_STEP and _multinomial_is_exponential_argmax()
+            except (OSError, TypeError, AttributeError):
+                same = False
+            _checked[cls.__name__] = same
+        return _checked[cls.__name__] and _installed(scheduler)
+
+
+def _per_value(values, x, op):
+    """op(x rows, value) with each row's own Python scalar, as one op per distinct value."""
+    if all(v == values[0] for v in values):
+        return op(x, values[0])
+    return torch.cat([op(x[r:r + 1], v) for r, v in enumerate(values)])
+
+
+def entropy_bound_steps(lanes, logits) -> list[StepOutput]:
+    """One EntropyBoundScheduler step of every lane from its row of `logits` (B, L, V)."""
+    impls = [lane.stepper.impl for lane in lanes]
+    temperatures, bounds = [], []
+    for impl, lane in zip(impls, lanes):
+        fraction = (impl.num_inference_steps - int(lane.step)) / impl.num_inference_steps
+        temperatures.append(impl.config.t_min + (impl.config.t_max - impl.config.t_min) * fraction)
+        bounds.append(float(impl.config.entropy_bound))
+    device = lanes[0].decoder.device
+    scaled = _per_value(temperatures, logits.to(device), lambda x, t: x / t)
+    B, L, V = scaled.shape
+    probs = torch.softmax(scaled.reshape(-1, V).float(), dim=-1)
+    noise, renoise = [], []
+    for lane in lanes:
+        noise.append(torch.empty((L, V), dtype=probs.dtype, device=device).exponential_(1, generator=lane.generator))
+        renoise.append(torch.randint(0, V, (1, L), device=device, generator=lane.generator))
+    sampled = torch.argmax(probs / torch.cat(noise), dim=-1).view(B, L)
+    entropy = torch.distributions.Categorical(logits=scaled).entropy()
+    ordered, order = torch.sort(entropy, dim=-1, descending=False)
+    within = _per_value(bounds, torch.cumsum(ordered, dim=-1) - ordered, lambda x, b: x <= b)
+    accepted = torch.scatter(input=torch.zeros_like(within), dim=-1, index=order, src=within)
+    canvas = torch.where(accepted, sampled, torch.cat(renoise))
+    entropy = entropy.float()
+    return [StepOutput(canvas[r:r + 1], accepted[r:r + 1], scaled[r:r + 1], entropy[r:r + 1]) for r in range(B)]
+
+
+def steps_together(lanes, logits) -> list:
+    """Per lane its scheduler's step of its row of `logits`, taken together where the lanes' schedulers
+    allow it, else None (the lane steps alone)."""
+    together = [r for r, lane in enumerate(lanes)
+                if type(lane.stepper) is EntropyBound and _applies(lane.stepper.impl)]
+    outs: list = [None] * len(lanes)
+    if len(together) > 1:
+        rows = logits if len(together) == len(lanes) else logits[together]
+        for r, out in zip(together, entropy_bound_steps([lanes[r] for r in together], rows)):
+            outs[r] = out
+    return outs

@@ -1,0 +1,61 @@
+"""DGemmaJoinTexts: a list of texts (a list run's answers, say) as one text, for previews and files."""
+
+from __future__ import annotations
+
+import json
+
+from ..dgemma.errors import InputError
+from .schema import CATEGORY
+
+FORMATS = ("separator", "json", "numbered")
+SEPARATOR = "\\n\\n"
+
+
+def _one(values, default):
+    """A widget's value on a list node (ComfyUI hands every input as a list)."""
+    value = values[0] if isinstance(values, list) and values else values
+    return default if value is None else value
+
+
+def join_texts(texts: list, form: str = FORMATS[0], separator: str = SEPARATOR) -> str:
+    """The texts as one: joined by `separator` (`\\n` is a newline), one JSON list, or numbered lines."""
+    if not isinstance(form, str) or form not in FORMATS:
+        raise InputError("format", f"format must be one of {', '.join(FORMATS)}, got {str(form)[:40]!r}")
+    if not isinstance(separator, str):
+        raise InputError("separator", f"separator must be text, got {type(separator).__name__}")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputError("text", f"list item {index} is a {type(text).__name__}, not text; wire a STRING "
+                                     "output (a sampler's text or frames)")
+    if form == "json":
+        return json.dumps(texts, ensure_ascii=False, indent=1)
+    if form == "numbered":
+        return "\n".join(f"{i + 1}. {' '.join(t.splitlines())}" for i, t in enumerate(texts))
+    return separator.replace("\\n", "\n").join(texts)
+
+
+class DGemmaJoinTexts:
+    CATEGORY = CATEGORY
+    FUNCTION = "join"
+    INPUT_IS_LIST = True
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("text",)
+    OUTPUT_TOOLTIPS = ("Every item's text as one: what Preview as Text, Save Text or a file node shows whole.",)
+    DESCRIPTION = ("Joins a list of texts (a prompt list's answers, a sampler's frames) into one text: with a "
+                   "separator, as one JSON list of strings, or as numbered lines. Core Preview as Text shows only "
+                   "the first item of a list; wire this in between to see them all.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "text": ("STRING", {"forceInput": True, "tooltip": "The texts of a list (one item each)."}),
+            "format": (list(FORMATS), {"default": FORMATS[0], "tooltip": "separator: the texts joined by the "
+                                       "separator; json: one JSON list of strings; numbered: one line per item, "
+                                       "its newlines made spaces."}),
+            "separator": ("STRING", {"default": SEPARATOR, "tooltip": "Between two texts when format is "
+                                     "separator; \\n is a newline."}),
+        }}
+
+    def join(self, text, format=None, separator=None):
+        texts = text if isinstance(text, list) else [text]
+        return (join_texts(texts, _one(format, FORMATS[0]), _one(separator, SEPARATOR)),)
