@@ -7,9 +7,9 @@ for the device every step. Here the vocabulary-wide work (softmax, draw, entropy
 for a group of lanes, once for the group; only what must stay per lane does: the temperature and bound it
 divides and compares by (one op per distinct value), and the random draws from its own generator, in the
 order its step draws them (`multinomial`'s exponential noise, then the renoising tokens). It applies only
-where the scheduler's code and torch's `multinomial` on the device are the ones this was checked against;
-anything else takes diffusers' own step. A NaN in the logits, which the validation refused, shows in the
-entropy: the step's copy refuses it (dgemma/stepcopy.py).
+where the scheduler's code, and torch's `multinomial` and Categorical entropy on the device, are the ones
+this was checked against; anything else takes diffusers' own step. A NaN in the logits, which the
+validation refused, shows in the entropy: the step's copy refuses it (dgemma/stepcopy.py).
 """
 
 from __future__ import annotations
@@ -45,6 +45,19 @@ def _multinomial_is_exponential_argmax(device) -> bool:
     return torch.equal(drawn, replayed) and torch.equal(a.get_state(), b.get_state())
 
 
+def entropy_of(logits):
+    """torch.distributions.Categorical(logits=logits).entropy(): its very ops, without building the object (whose
+    argument check reads a tensor on the host). `_applies` checks the two agree to the bit."""
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    return -(torch.clamp(normalized, min=torch.finfo(normalized.dtype).min) * normalized.softmax(dim=-1)).sum(-1)
+
+
+def _entropy_is_categoricals(device) -> bool:
+    probe = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(3)).to(device) * 5
+    probe[0, 0, :7] = -torch.inf
+    return torch.equal(entropy_of(probe), torch.distributions.Categorical(logits=probe).entropy())
+
+
 def _applies(scheduler, device) -> bool:
     """True where this scheduler's step on `device` is the code replayed here (checked once per class and kind
     of device)."""
@@ -52,7 +65,8 @@ def _applies(scheduler, device) -> bool:
     with _lock:
         if key not in _checked:
             try:
-                same = _source_key(type(scheduler)) == CHECKED_STEP and _multinomial_is_exponential_argmax(device)
+                same = (_source_key(type(scheduler)) == CHECKED_STEP and _multinomial_is_exponential_argmax(device)
+                        and _entropy_is_categoricals(device))
             except (OSError, TypeError, AttributeError, RuntimeError):
                 same = False
             _checked[key] = same
@@ -95,7 +109,7 @@ def entropy_bound_rows(impls, steps, generators, logits) -> list[StepOutput]:
         noise.append(torch.empty((L, V), dtype=probs.dtype, device=device).exponential_(1, generator=generator))
         renoise.append(torch.randint(0, V, (1, L), device=device, generator=generator))
     sampled = torch.argmax(probs / (noise[0] if B == 1 else torch.cat(noise)), dim=-1).view(B, L)
-    entropy = torch.distributions.Categorical(logits=scaled, validate_args=False).entropy()
+    entropy = entropy_of(scaled)
     ordered, order = torch.sort(entropy, dim=-1, descending=False)
     within = _per_value(bounds, torch.cumsum(ordered, dim=-1) - ordered, lambda x, b: x <= b)
     accepted = torch.scatter(input=torch.zeros_like(within), dim=-1, index=order, src=within)

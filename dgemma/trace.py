@@ -8,6 +8,7 @@ nothing that scales with the vocabulary.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,8 +34,8 @@ class Frame:
     pinned: np.ndarray | None = None  # held by a pin (also counted in `committed`)
     constrained: np.ndarray | None = None  # changed by the constraint from the step's own token
 
-    @property
-    def committed_fraction(self) -> float:
+    @functools.cached_property
+    def committed_fraction(self) -> float:  # read by the step event and the progress text
         return float(self.committed.mean())
 
 

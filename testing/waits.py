@@ -61,8 +61,8 @@ def waits(func, args, kwargs) -> bool:
 
 
 class DeviceCalls(TorchFunctionMode):
-    """Counts waits, calls and the seconds inside torch calls, per phase (`phase` names where the run is:
-    the wrappers of the forward set it). `names[phase]` counts which calls waited."""
+    """Counts waits, calls and (`timed`) the seconds of this thread inside torch calls, per phase (`phase` names
+    where the run is: a benchmark's wrappers set it). `names[phase]` counts which calls waited."""
 
     def __init__(self, timed: bool = False):
         super().__init__()
@@ -80,8 +80,8 @@ class DeviceCalls(TorchFunctionMode):
         self.calls[self.phase] += 1
         if not self.timed:
             return func(*args, **kwargs)
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             return func(*args, **kwargs)
         finally:
-            self.seconds[self.phase] += time.perf_counter() - start
+            self.seconds[self.phase] += time.thread_time() - start
