@@ -8,14 +8,18 @@ so that freed tensors leave the resident size. Each child reports:
 - the peak of a run of two steps at the 256-token canvas (the second with self-conditioning; every
   weight touched and a first step done before; the peak, VmHWM reset there, over the resident size
   then): logit temporaries, the scheduler, the KV cache and, quantized, one layer's experts dequantized;
-- one step's logits on the same prompt and canvas (the bf16 child's are the reference);
+- one step's logits on the same prompt and canvas (the bf16 child's are the reference), as built and
+  with each attention's q/k norm weights scaled by head_dim^-1/4 (random norm weights of 1 with
+  DiffusionGemma's attention scale of 1 make every attention a near argmax that any noise flips;
+  the scaled one has the usual 1/sqrt(head_dim) temperature);
 - the peak anonymous memory (RssAnon, sampled every 5 ms) through the load over the process before it.
 
 The real model's peak at a step = 30 x the layer's bytes + the rest + the step's peak (the sum is
 printed). The load's RAM: a GPU load reads each tensor into RAM once on its way to the card, so its
 RAM peak is the process before the load plus the slice load's transient (the load's anonymous peak
-over what stays resident after it: the tensor in flight, the quantizer's temporaries, bookkeeping),
-bookkeeping scaled by the key count (x15). The 4-bit demo accuracy is the shipped demo model's 100
+over what stays resident after it: the tensor in flight, the quantizer's temporaries, bookkeeping;
+the slice's tensors have the real sizes, and the real checkpoint's ~1,100 keys add little). The
+4-bit demo accuracy is the shipped demo model's 100
 sums in 4bit; split_meta_params counts parameters left on meta with no offload hook to serve them
 after the device plan's split of the slice (accelerate's sequential map; here CPU and disk tiers).
 
@@ -52,6 +56,7 @@ from diffusiongemma.testing import fitcheck, realscale, realslice  # noqa: E402
 GIB = 2**30
 MMAP_THRESHOLD = 1 << 20
 REAL_LAYERS = realscale.REAL_LAYERS
+VISION_LAYERS = realscale.REAL_VISION["num_hidden_layers"]
 
 
 def status(field: str) -> int:
@@ -105,6 +110,8 @@ def measure(quant: str, reference: str | None, out_logits: str | None) -> dict:
     everything = tensor_bytes([*model.parameters(), *model.buffers()])
     layers = tensor_bytes([t for stack in (model.model.decoder.layers, model.model.encoder.language_model.layers)
                            for t in [*stack.parameters(), *stack.buffers()]])
+    vision = model.model.encoder.vision_tower.encoder.layers[0]
+    vision_layer = tensor_bytes([*vision.parameters(), *vision.buffers()])
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             if t.numel():
@@ -113,15 +120,21 @@ def measure(quant: str, reference: str | None, out_logits: str | None) -> dict:
     cosine = fitcheck.cosine(logits, torch.load(reference)) if reference else 1.0
     if out_logits:
         torch.save(logits, out_logits)
+    fitcheck.trained_attention_scale(dm.model)
+    logits = fitcheck.step_logits(dm)
+    tamed = fitcheck.cosine(logits, torch.load(reference + ".tamed")) if reference else 1.0
+    if out_logits:
+        torch.save(logits, out_logits + ".tamed")
+    fitcheck.trained_attention_scale(dm.model, undo=True)
     del logits
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
     at = status("VmRSS")
     generate(dm, fitcheck.PROMPT, Knobs(seed=3, num_inference_steps=2, gen_length=256, confidence=0.0))
     step_peak = status("VmHWM") - at
-    return {"quant": quant, "layer": layer, "rest": everything - layers, "step_peak": step_peak,
-            "cosine": cosine, "load_seconds": seconds, "load_transient": load.peak - after,
-            "before_load": before, "resident": after - before}
+    return {"quant": quant, "layer": layer, "rest": everything - layers, "vision_layer": vision_layer,
+            "step_peak": step_peak, "cosine": cosine, "tamed": tamed, "load_seconds": seconds,
+            "load_transient": load.peak - after, "before_load": before, "resident": after - before}
 
 
 def child(quant: str, reference: str | None, out_logits: str | None, threads: int) -> dict:
@@ -144,19 +157,22 @@ def planned(quant: str) -> deviceplan.Need:
     if quant == "none":
         return deviceplan.Need(shape.total_numel * 2, shape.total_numel * 2, step)
     return deviceplan.made_need(shape.total_numel * 2, sum(shape.quantized), shape.packed_bytes(quant),
-                                shape.dense_numel, max(shape.quantized), step)
+                                shape.dense_numel, max(shape.quantized), step, 2, deviceplan.logit_bytes(text, 256))
 
 
 def report(m: dict) -> float:
     """Print the real model's peak at a step in this mode, its parts and the plan's figure; return it in GiB."""
-    weights = REAL_LAYERS * m["layer"] + m["rest"]
+    # the slice has 1 of the vision tower's 27 layers
+    weights = REAL_LAYERS * m["layer"] + m["rest"] + (VISION_LAYERS - realslice.VISION_LAYERS) * m["vision_layer"]
     real = weights + m["step_peak"]
     need = planned(m["quant"])
     print(f"{m['quant']}: real step peak {real / GIB:.2f} GiB = {REAL_LAYERS} x {m['layer'] / GIB:.3f} GiB per layer "
-          f"+ {m['rest'] / GIB:.3f} GiB outside the layers + {m['step_peak'] / GIB:.3f} GiB the step's own peak; "
+          f"+ {m['rest'] / GIB:.3f} GiB outside the layers + {VISION_LAYERS - realslice.VISION_LAYERS} x "
+          f"{m['vision_layer'] / GIB:.3f} GiB more vision layers + {m['step_peak'] / GIB:.3f} GiB the step's own peak; "
           f"plan {need.resident / GIB:.2f} + {need.step / GIB:.2f} = {(need.resident + need.step) / GIB:.2f} GiB "
           f"(error {abs(need.resident + need.step - real) / real:.3f}; the plan budgets a 4K-token context); "
-          f"logit cosine vs bf16 {m['cosine']:.4f}; slice load {m['load_seconds']:.0f} s, its transient "
+          f"logit cosine vs bf16 {m['cosine']:.4f} (attention at a trained model's temperature: {m['tamed']:.4f}); "
+          f"slice load {m['load_seconds']:.0f} s, its transient "
           f"{m['load_transient'] / GIB:.2f} GiB over {m['resident'] / GIB:.2f} GiB resident after", flush=True)
     return real / GIB
 
@@ -179,10 +195,11 @@ def main(argv=None) -> None:
                 for q in ("none", "8bit", "4bit")}
     peaks = {q: report(m) for q, m in runs.items()}
     q4 = runs["4bit"]
-    ram = q4["before_load"] + q4["load_transient"] * 1.0
-    print(f"load RAM (4bit, onto a GPU): {ram / GIB:.2f} GiB = the process before the load "
+    ram = q4["before_load"] + q4["load_transient"]
+    print(f"load RAM (4bit, onto a GPU): {ram / GIB:.2f} GiB anonymous = the process before the load "
           f"{q4['before_load'] / GIB:.2f} GiB + the slice load's transient {q4['load_transient'] / GIB:.2f} GiB "
-          f"(a CPU load also keeps the quantized model: {REAL_LAYERS * q4['layer'] / GIB + q4['rest'] / GIB:.1f} GiB)",
+          "(the largest tensors have the real size; the checkpoint's pages read through the page cache are "
+          f"reclaimable and not counted; a CPU load also keeps the quantized model, {peaks['4bit'] - 2:.0f}+ GiB)",
           flush=True)
     right, asked, wrong = demo()
     print(f"demo in 4bit: {right}/{asked}; wrong: {', '.join(wrong) or 'none'}", flush=True)
@@ -202,10 +219,10 @@ def demo() -> tuple[int, int, list[str]]:
 def split_check(threads: int) -> int:
     """Parameters left on meta with no hook to serve them after the plan's split of the slice."""
     with tempfile.TemporaryDirectory() as tmp:
-        model = fitcheck.forced_split(realslice.slice_dir(), 2 * GIB, tmp)
+        model = fitcheck.forced_split(realslice.slice_dir(), 4 * GIB, tmp)
         tiers = sorted(set(map(str, model.hf_device_map.values())))
         unserved = fitcheck.unserved_meta(model)
-        print(f"split: the slice over {tiers} (the plan's sequential map, a 2 GiB fast tier): "
+        print(f"split: the slice over {tiers} (the plan's sequential map, a 4 GiB fast tier): "
               f"{len(unserved)} parameters on meta with no hook {unserved[:3]}", flush=True)
         del model
     return len(unserved)

@@ -85,7 +85,12 @@ class Refusal(ValueError):
 
 def step_bytes(text_config, canvas: int, context: int, batch: int = 1) -> int:
     """One denoising step's working memory: logit-sized temporaries and the KV cache of `context` tokens."""
-    return batch * (STEP_BYTES_PER_LOGIT * canvas * text_config.vocab_size + kv_bytes(text_config, context))
+    return batch * (logit_bytes(text_config, canvas) + kv_bytes(text_config, context))
+
+
+def logit_bytes(text_config, canvas: int) -> int:
+    """One step's logit-sized temporaries (STEP_BYTES_PER_LOGIT per position and vocabulary entry)."""
+    return STEP_BYTES_PER_LOGIT * canvas * text_config.vocab_size
 
 
 def kv_bytes(text_config, context: int, dtype_bytes: int = 2) -> int:
@@ -120,14 +125,15 @@ def need_for(weights: int, text_config, canvas: int, quant: str, shared: int = 0
 
 
 def made_need(bf16_bytes: int, quantized_numel: int, packed_bytes: int, dense_numel: int, largest_numel: int,
-              step: int, element: int = 2) -> Need:
+              step: int, element: int = 2, logits: int = 0) -> Need:
     """A mode quantized at load: `quantized_numel` weights of the `bf16_bytes` model held as `packed_bytes`.
 
-    Loading holds one tensor in flight (`largest_numel`) beside what is already quantized; a step also
-    holds one layer's quantized weights dequantized (`dense_numel`, the experts' two fused tensors).
+    Loading holds one tensor in flight (`largest_numel`) beside what is already quantized. A step
+    dequantizes one layer's experts at a time (`dense_numel`), while the logit-sized temporaries
+    (`logits` of the `step`) are not yet made, so the step needs the larger of the two.
     """
     resident = bf16_bytes - quantized_numel * element + packed_bytes
-    return Need(resident + largest_numel * element, resident, step + dense_numel * element)
+    return Need(resident + largest_numel * element, resident, step + max(0, dense_numel * element - logits))
 
 
 def plan(need: Need, device: str, *, ram: int, vram: int, total_vram: int = 0, quant: str = "none",

@@ -199,7 +199,8 @@ def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device
     element = max(1, round(weights / shape.total_numel)) if stored_mode == "none" else 2
     step = deviceplan.step_bytes(text, config.canvas_length, deviceplan.LOAD_CONTEXT)
     made = {q: deviceplan.made_need(shape.total_numel * element, sum(shape.quantized), shape.packed_bytes(q),
-                                    shape.dense_numel, max(shape.quantized, default=0), step, element)
+                                    shape.dense_numel, max(shape.quantized, default=0), step, element,
+                                    deviceplan.logit_bytes(text, config.canvas_length))
             for q in MADE_AT_LOAD}
     needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made)
     machine = dict(ram=preflight.free_ram(), vram=preflight.free_vram(), total_vram=preflight.total_vram())

@@ -36,6 +36,21 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()))
 
 
+def trained_attention_scale(model, undo: bool = False) -> None:
+    """Scale every text attention's q and k norm weights by head_dim^-1/4 (back with `undo`): attention logits
+    at the usual 1/sqrt(head_dim) temperature instead of a random model's near argmax (see benchmarks/fit.py)."""
+    weights = {}
+    for stack in (model.model.decoder.layers, model.model.encoder.language_model.layers):
+        for layer in stack:
+            attention = layer.self_attn
+            for norm in (attention.q_norm, attention.k_norm):
+                if getattr(norm, "weight", None) is not None:  # the encoder's are tied to the decoder's: once each
+                    weights[id(norm.weight)] = (norm.weight, attention.head_dim)
+    with torch.no_grad():
+        for weight, head_dim in weights.values():
+            weight.mul_(head_dim ** (0.25 if undo else -0.25))
+
+
 def demo_accuracy(dm) -> tuple[int, int, list[str]]:
     """(right, asked, what it got wrong) on the demo's 100 sums, with the demo's knobs and seeds."""
     from ..dgemma import Knobs, generate
