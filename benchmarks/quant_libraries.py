@@ -1,4 +1,4 @@
-"""The quantization libraries on one real-width layer of fused MoE experts: evidence for decision 0028.
+"""The quantization libraries on one real-width layer of fused MoE experts: evidence for decision 0029.
 
 16 of a layer's 128 experts' fused gate/up tensor ([16, 1408, 2816], bf16, random normal weights
 of std 0.02) quantized by each candidate that can take a 3-D parameter; then each expert's output
