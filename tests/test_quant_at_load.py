@@ -28,8 +28,10 @@ def real_slice_cached() -> bool:
 
 @pytest.fixture(scope="module")
 def small_slice():
-    torch.set_num_threads(1)  # 128 tiny experts: a second thread only spins
-    return realslice.slice_dir(realslice.SMALL, cache_base())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 128 tiny experts: a second thread only spins (this module's tests only)
+    yield realslice.slice_dir(realslice.SMALL, cache_base())
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("quant", MODES)
