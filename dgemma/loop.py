@@ -10,7 +10,6 @@ later in its schedule, pause at a step (leaving what resuming needs in `plan.pau
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +18,7 @@ import torch
 from .cache import encode_ids, input_device
 from .errors import Cancelled
 from .guide import UNCONSTRAINED
-from .knobs import Knobs
+from .knobs import Knobs, num_blocks
 from .pins import Pins
 from .schedulers import Scheduling
 from .threads import with_compute_threads
@@ -27,10 +26,6 @@ from .trace import Frame, Recorder
 from .versions import cache_kw
 
 STABILITY_STEPS = 1  # the released generation config's stability_threshold
-
-
-def num_blocks(gen_length: int, canvas_length: int) -> int:
-    return math.ceil(gen_length / canvas_length)
 
 
 class AdaptiveStop:

@@ -18,9 +18,9 @@ from .context import KVCache, mint
 from .errors import InputError, short
 from .excision import excise, thought_text
 from .guide import guide_for
-from .knobs import Knobs
+from .knobs import Knobs, num_blocks
 from .logprobs import MAX_TOP, Capture
-from .loop import Lane, LoopPlan, drive, num_blocks
+from .loop import Lane, LoopPlan, drive
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .pins import report as pin_report
 from .resume import Advanced, Resume, check_advanced
