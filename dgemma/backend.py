@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 from .context import encode_context
 from .errors import InputError
-from .guide import guide_for
+from .guide import guide_plan
 from .knobs import num_blocks
 from .run import generate, prepare, run_batch
 from .schedulers import Scheduling
@@ -92,7 +92,7 @@ def constraint_options(model, constraint, gen_length: int, should_cancel=None) -
         return {}
     engine = backend_of(model)
     if engine is LOCAL:
-        guide_for(model, constraint, gen_length, should_cancel)
+        guide_plan(model, constraint, gen_length, should_cancel)
     elif not getattr(engine, "takes_constraints", False):  # its server compiles and checks the constraint
         raise InputError("constraint", f"{model} is a remote model whose server cannot constrain answers; use this "
                                        "pack's server (python -m serve) or DGemmaLoader, or leave constraint empty")
