@@ -191,7 +191,7 @@ class _Unconstrained:
 UNCONSTRAINED = _Unconstrained()
 
 
-def guide_plan(dm, constraint, gen_length: int, should_cancel=None) -> GuidePlan | None:
+def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> GuidePlan | None:
     """The constraint compiled for a request (None for no constraint); refuses an answer that cannot fit,
     before any model work. `should_cancel` stops the constraint's compile."""
     from .constraint import Constraint, automaton

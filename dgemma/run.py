@@ -17,7 +17,7 @@ from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
 from .errors import InputError, short
 from .excision import excise, thought_text
-from .guide import Guide, GuidePlan, guide_plan
+from .guide import Guide, GuidePlan, guide_for
 from .knobs import Knobs, num_blocks
 from .logprobs import MAX_TOP, Capture
 from .loop import Lane, LoopPlan, drive
@@ -134,7 +134,7 @@ def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=Non
         check_image_tensor("image", image)
         check_vision("image", dm)
     plan = check_advanced(dm, prompt, knobs, context, advanced, image)
-    guided = guide_plan(dm, constraint, knobs.gen_length, should_cancel)
+    guided = guide_for(dm, constraint, knobs.gen_length, should_cancel)
     images = prepare_images(dm, image) if image is not None and resume is None else None
     turn = tuple(turn_ids(dm, prompt, knobs, context, images)) if resume is None else ()
     return Request(dm, prompt, knobs, context, advanced, plain, plan, turn, images, advance_context,

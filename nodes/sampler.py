@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dgemma.backend import backend_of, constraint_options, plan_of, readings_of, run_items
+from ..dgemma.backend import backend_of, plan_of, readings_of
 from ..dgemma.errors import InputError, short
 from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
@@ -48,7 +48,7 @@ class LiveRun:
         self.model, self.rows = model, bar
         self.resumed = [c.advanced.resume.recorded if c.advanced is not None and c.advanced.resume is not None
                         else None for c in calls]
-        self.asked = [(c.prompt, c.options["image"]) for c in calls]
+        self.asked = [(c.prompt, c.image) for c in calls]
         self.total = sum(blocks * steps for blocks, steps in bar)
         self.reached = [0] * len(calls)  # per item, and in all: steps of the bar reached
         self.done_steps = 0
@@ -93,27 +93,28 @@ class LiveRun:
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """One list item of a sampler node, checked: the engine's inputs and whether it advances the context."""
+    """One list item of a sampler node, checked once: what the live view shows of it, and the request its
+    model's backend checked, which that backend runs as it is."""
 
     model: object
     prompt: str
     knobs: object
     advanced: object
-    options: dict  # context, image, advance_context, advanced and constraint, as `generate` takes them
+    image: object
+    request: object  # a run.Request on this process's engine; a remote backend's own checked request
     advance: bool
 
 
 def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image=None, constraint=None,
                **knobs) -> Call:
     """Every check of one item before any event or model work."""
-    engine = backend_of(model)  # this process's engine, or a remote model's server
     resuming = advanced is not None and advanced.resume is not None
     with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
-        engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
-        options = constraint_options(model, constraint, knobs.gen_length, host.check_interrupt)
-    options = {"context": kv_cache, "image": image, "advance_context": advance, "advanced": advanced, **options}
-    return Call(model, prompt, knobs, advanced, options, advance)
+        request = backend_of(model).check(  # before the view resets: a refusal leaves it
+            model, prompt, knobs, kv_cache, image, advanced, constraint=constraint, advance_context=advance,
+            should_cancel=host.check_interrupt)
+    return Call(model, prompt, knobs, advanced, image, request, advance)
 
 
 def list_items(inputs: dict) -> list[dict]:
@@ -159,9 +160,9 @@ def run_calls(node_id, calls: list[Call], max_batch: int | None = None) -> list:
         view.start()
         try:
             with comfy_hints():
-                results = run_items(model, [(c.prompt, c.knobs, c.options) for c in calls], on_frame=view.frame,
-                                    on_settled=view.settle, should_cancel=host.check_interrupt,
-                                    max_batch=max_batch)
+                results = backend_of(model).run_checked(
+                    [c.request for c in calls], on_frame=view.frame, on_settled=view.settle,
+                    should_cancel=host.check_interrupt, max_batch=max_batch)
         except BaseException as err:
             view.failed(err)
             raise
