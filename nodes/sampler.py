@@ -13,11 +13,14 @@ from ..dgemma.vision import thumbnail, to_uint8
 from . import host, memory
 from .events import DONE, START, STEP, BatchStream
 from .schema import (
+    CANVAS_STATE,
+    CANVAS_TRACE,
     CATEGORY,
     KV_CACHE,
     MAX_LIST,
     RESUME_HINTS,
-    SAMPLER_OUTPUTS,
+    RUN_CONFIG,
+    Output,
     comfy_hints,
     constraint_inputs,
     constraint_of,
@@ -26,6 +29,7 @@ from .schema import (
     knob_inputs,
     model_input,
     naming_item,
+    on_demand,
     output_spec,
     validate_knobs,
 )
@@ -34,6 +38,33 @@ from .wiring import made
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
 TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before decoding. Leave it empty with "
                 "a kv_cache wired for pure injection (the cache alone conditions the canvas).")
+
+
+def _frames(call, result) -> list[str]:
+    return frame_texts(result.trace, call.model.token_strings)
+
+
+def _images(call, result):
+    return render_images(result.trace, call.model.token_strings, Asked.of(call.prompt, result.config.image))
+
+
+# The samplers' outputs, each row's value read from (Call, RunResult); a new socket is one row, appended.
+SAMPLER_OUTPUTS = (
+    Output("STRING", "text", "The answer: thought channel cut out on ids, ended at the first EOS.", False,
+           lambda call, result: result.text),
+    Output(CANVAS_STATE, "canvas_state", "Honesty readout: turn_closed, answer_tokens, thought, converged, "
+                                         "committed_fraction (last step of the last block), steps_used.", False,
+           lambda call, result: result.state),
+    Output(CANVAS_TRACE, "canvas_trace", "Every executed step: canvas ids, committed mask (the scheduler's, plus "
+                                         "what the adaptive stop committed), entropy (nats of logits / T).", False,
+           lambda call, result: result.trace),
+    Output("STRING", "frames", "One text per step: the raw canvas, thought channel included (a list).", True,
+           _frames, on_demand=True),
+    Output("IMAGE", "images", "The steps as one image batch (B,H,W,3); wire it to Video Combine for a GIF.", False,
+           _images, on_demand=True),
+    Output(RUN_CONFIG, "run_config", "The knobs and model of this run, for DGemmaRunLogWriter.", False,
+           lambda call, result: result.config),
+)
 
 
 class LiveRun:
@@ -102,7 +133,6 @@ class Call:
     advanced: object
     image: object
     request: object  # a run.Request on this process's engine; a remote backend's own checked request
-    advance: bool
 
 
 def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image=None, constraint=None,
@@ -114,7 +144,7 @@ def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image
         request = backend_of(model).check(  # before the view resets: a refusal leaves it
             model, prompt, knobs, kv_cache, image, advanced, constraint=constraint, advance_context=advance,
             should_cancel=host.check_interrupt)
-    return Call(model, prompt, knobs, advanced, image, request, advance)
+    return Call(model, prompt, knobs, advanced, image, request)
 
 
 def list_items(inputs: dict) -> list[dict]:
@@ -176,14 +206,17 @@ UNMADE = ("not made: no node of this prompt read it when it was queued; queue th
           "page, or through ComfyUI's /prompt")
 
 
-def item_outputs(call: Call, result, make=lambda name: True) -> tuple:
-    """One item's outputs; `make(name)` says whether an on-demand output (frames, images) is read."""
-    model, trace = call.model, result.trace
-    frames = frame_texts(trace, model.token_strings) if make("frames") else [host.unmade(f"frames {UNMADE}")]
-    images = (render_images(trace, model.token_strings, Asked.of(call.prompt, result.config.image))
-              if make("images") else host.unmade(f"images {UNMADE}"))
-    outputs = (result.text, result.state, trace, frames, images, result.config)
-    return outputs + ((result.context,) if call.advance else ())
+def item_outputs(outputs: tuple, call: Call, result, make=lambda name: True) -> tuple:
+    """One item's outputs, a value per row of the node's table; `make(name)` says whether an on-demand output
+    (frames, images) is read: one that is not holds ComfyUI's blocker, in a list for a list output."""
+    values = []
+    for row in outputs:
+        if row.on_demand and not make(row.name):
+            unmade = host.unmade(f"{row.name} {UNMADE}")
+            values.append([unmade] if row.listed else unmade)
+        else:
+            values.append(row.get(call, result))
+    return tuple(values)
 
 
 def run_list(node, unique_id, inputs: dict) -> tuple:
@@ -203,7 +236,7 @@ def run_list(node, unique_id, inputs: dict) -> tuple:
         indexes = [i for i, c in enumerate(calls) if c.model is model]
         results = run_calls(node_id, [calls[i] for i in indexes], max_batch)
         for i, result in zip(indexes, results):
-            per_item[i] = item_outputs(calls[i], result, lambda name: made(graph, node_id, name))
+            per_item[i] = item_outputs(node.OUTPUTS, calls[i], result, lambda name: made(graph, node_id, name))
     return tuple([x for out in per_item for x in out[k]] if listed else [out[k] for out in per_item]
                  for k, listed in enumerate(node.ITEM_OUTPUT_IS_LIST))
 
@@ -212,9 +245,10 @@ class DGemmaSampler:
     CATEGORY = CATEGORY
     FUNCTION = "sample"
     INPUT_IS_LIST = True  # a list of prompts (or of any input) runs as one batch
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
+    OUTPUTS = SAMPLER_OUTPUTS
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(OUTPUTS)
     OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)  # one value per item; frames: every item's, in order
-    ON_DEMAND = ("frames", "images")  # made only when the prompt reads them (nodes/wiring.py)
+    ON_DEMAND = on_demand(OUTPUTS)  # frames and images: made only when the prompt reads them (nodes/wiring.py)
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
                    "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
@@ -245,14 +279,16 @@ class DGemmaSampler:
 
 
 DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
-    (KV_CACHE, "kv_cache", "The context advanced by this run: kv_cache + turn + every generated block (the input "
-                           "is unchanged).", False),)
+    Output(KV_CACHE, "kv_cache", "The context advanced by this run: kv_cache + turn + every generated block (the "
+                                 "input is unchanged).", False, lambda call, result: result.context),)
 
 
 class DGemmaDenoise(DGemmaSampler):
     FUNCTION = "denoise"
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(DENOISE_OUTPUTS)
+    OUTPUTS = DENOISE_OUTPUTS
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(OUTPUTS)
     OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)
+    ON_DEMAND = on_demand(OUTPUTS)
     DESCRIPTION = ("DGemmaSampler with an optional kv_cache from DGemmaEncode. prompt is the TURN, kv_cache is "
                    "CONTEXT: both wired is a composed run (the turn is prefilled after the context), an empty "
                    "prompt is pure injection, no cache is exactly the Sampler. Works for any gen_length; the "
