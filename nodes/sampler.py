@@ -245,7 +245,7 @@ class DGemmaSampler:
     CATEGORY = CATEGORY
     FUNCTION = "sample"
     INPUT_IS_LIST = True  # a list of prompts (or of any input) runs as one batch
-    OUTPUTS = SAMPLER_OUTPUTS
+    OUTPUTS = SAMPLER_OUTPUTS  # a subclass sets its own table; its declarations follow (__init_subclass__)
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(OUTPUTS)
     OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)  # one value per item; frames: every item's, in order
     ON_DEMAND = on_demand(OUTPUTS)  # frames and images: made only when the prompt reads them (nodes/wiring.py)
@@ -271,6 +271,12 @@ class DGemmaSampler:
         graph is queued: before the Loader loads a model. ComfyUI lists a refusal under each input named here."""
         return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.RETURN_TYPES, cls.RETURN_NAMES, cls.OUTPUT_TOOLTIPS, cls.ITEM_OUTPUT_IS_LIST = output_spec(cls.OUTPUTS)
+        cls.OUTPUT_IS_LIST = (True,) * len(cls.RETURN_TYPES)
+        cls.ON_DEMAND = on_demand(cls.OUTPUTS)
+
     def sample(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)
 
@@ -278,17 +284,16 @@ class DGemmaSampler:
         return check_call(model, prompt, image=image, **knobs)
 
 
-DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
-    Output(KV_CACHE, "kv_cache", "The context advanced by this run: kv_cache + turn + every generated block (the "
-                                 "input is unchanged).", False, lambda call, result: result.context),)
+KV_CACHE_OUTPUT = Output(KV_CACHE, "kv_cache", "The context advanced by this run: kv_cache + turn + every generated "
+                                                "block (the input is unchanged).", False,
+                         lambda call, result: result.context)
+# Saved Denoise workflows read kv_cache at slot 6: a row added to the samplers' table comes after it here.
+DENOISE_OUTPUTS = SAMPLER_OUTPUTS[:6] + (KV_CACHE_OUTPUT,) + SAMPLER_OUTPUTS[6:]
 
 
 class DGemmaDenoise(DGemmaSampler):
     FUNCTION = "denoise"
     OUTPUTS = DENOISE_OUTPUTS
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(OUTPUTS)
-    OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)
-    ON_DEMAND = on_demand(OUTPUTS)
     DESCRIPTION = ("DGemmaSampler with an optional kv_cache from DGemmaEncode. prompt is the TURN, kv_cache is "
                    "CONTEXT: both wired is a composed run (the turn is prefilled after the context), an empty "
                    "prompt is pure injection, no cache is exactly the Sampler. Works for any gen_length; the "

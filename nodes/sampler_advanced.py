@@ -17,8 +17,6 @@ from .schema import (
     context_input,
     image_input,
     knob_inputs,
-    on_demand,
-    output_spec,
     validate_knobs,
     widget_values,
 )
@@ -50,9 +48,6 @@ def resume_of(canvas_state):
 class DGemmaSamplerAdvanced(DGemmaSampler):
     FUNCTION = "sample_advanced"
     OUTPUTS = ADVANCED_OUTPUTS
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(OUTPUTS)
-    OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)
-    ON_DEMAND = on_demand(OUTPUTS)
     DESCRIPTION = ("The Sampler with a choice of scheduler, a window [start_step, end_step) of the schedule (like "
                    "KSamplerAdvanced: it enters the first block at start_step, pauses at end_step), pins that "
                    "hold text in place (infilling), and a canvas_state that the next Advanced sampler resumes "

@@ -19,6 +19,8 @@ from diffusiongemma.dgemma.tokens import frame_texts
 from diffusiongemma.nodes import host
 from diffusiongemma.nodes.decide import DECIDE_OUTPUTS
 from diffusiongemma.nodes.loader import model_choices
+from diffusiongemma.nodes.sampler import SAMPLER_OUTPUTS
+from diffusiongemma.nodes.schema import Output
 
 Loader, Sampler, Denoise = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler", "DGemmaDenoise"))
 Encode, Trace, RunLog = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaEncode", "DGemmaTrace", "DGemmaRunLogWriter"))
@@ -113,6 +115,18 @@ def test_sampler_outputs_match_their_declaration(demo):
     assert config.knobs.seed == 3 and config.model_source == demo.source
     assert frames == frame_texts(trace, demo.token_strings)  # the on-demand slots, made: what their names say
     assert torch.equal(images, render_images(trace, demo.token_strings, Asked.of("What is 3+4?", None)))
+
+
+def test_a_new_output_socket_is_one_row(demo):
+    """The recipe of docs/architecture.md ("An output socket"), followed for a toy output."""
+    row = Output("STRING", "steps_used", "Steps the run took.", False, lambda call, result: str(len(result.trace)))
+
+    class Toy(Sampler):
+        OUTPUTS = SAMPLER_OUTPUTS + (row,)
+
+    out, _ = call(Toy, model=demo, prompt="What is 3+4?", **KNOBS)
+    assert Toy.RETURN_NAMES == (*Sampler.RETURN_NAMES, "steps_used") and Toy.ON_DEMAND == Sampler.ON_DEMAND
+    assert out[0] == "seven" and out[6] == str(len(out[2])) == str(out[1].steps_used)
 
 
 def test_denoise_without_a_cache_is_the_sampler(demo):
