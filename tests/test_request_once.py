@@ -103,3 +103,20 @@ def test_a_decision_checks_its_answer_block_once(demo_model, counts):
     call(Decide, model=demo_model, prompt="What colour is this?", options="red\ngreen", samples=2,
          image=colour_image("red", 32, 32), **knobs)
     assert counts == {"prepare": 1, "prompt_ids": 1, "prepare_images": 1, "guide_for": 1}
+
+
+def test_the_openai_server_prepares_each_choice_once(demo_model, counts, monkeypatch):
+    from diffusiongemma.serve import runs
+    from diffusiongemma.serve.requests import job_of
+
+    monkeypatch.setattr(runs, "prepare", _counted(counts, "prepare", runs.prepare))
+    engine = runs.Engine(demo_model, "demo")
+    try:
+        body = {"model": "demo", "n": 3, "messages": [{"role": "user", "content": PROMPT}],
+                "dgemma": {"knobs": KNOBS, "constraint": {"kind": "choice", "text": "four\nseven\ntwo"}}}
+        job = job_of(body, engine.contexts, engine.resumes, "demo")
+        results, *_ = engine.run(job, engine.render(job), None, None)
+    finally:
+        engine.worker.shutdown()
+    assert counts == {"prepare": 3, "guide_for": 3, "Guide": 3, "prompt_ids": 3}
+    assert [r.text for r in results] == ["seven"] * 3
