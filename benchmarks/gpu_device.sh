@@ -10,12 +10,15 @@
 #   run --in-memory --quants none --no-fast   the bf16 geometry made on the GPU: s/step, batches 1/4/8
 #   run --quants none --no-fast               the same written as a checkpoint and loaded by the pack
 #   run --quants autoround --no-fast          the INT4 layout, loaded through auto-round
+#   fit                                       benchmarks/gpu_fit.py: the 4bit and 8bit geometry built and
+#                                             quantized on the GPU (peak VRAM at a step, s/step at 16 and 48)
 # The log is also written to $OUT/gpu.log (the device tool brings $OUT back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# The versions the tests run with; auto-round imports datasets and pydantic at import.
-WHEELS=(diffusers==0.42.1 auto-round==0.16.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+# The versions the tests run with; auto-round imports datasets and pydantic at import. bitsandbytes
+# (43 MB: its CUDA kernels) for quant 4bit / 8bit.
+WHEELS=(bitsandbytes==0.50.2 diffusers==0.42.1 auto-round==0.16.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
         pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
 
 case "${1:-}" in
@@ -23,10 +26,12 @@ case "${1:-}" in
     rm -rf .whl && mkdir .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}" || exit
+      --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 -d .whl "${WHEELS[@]}" || exit
     du -sh .whl
     ;;
-  run)
+  run|fit)
+    script=benchmarks/gpu.py
+    [ "$1" = fit ] && script=benchmarks/gpu_fit.py
     shift
     if compgen -G ".whl/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -36,10 +41,10 @@ case "${1:-}" in
     out="${OUT:-/tmp/dgemma-gpu-out}"
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>&1 | tee "$out/gpu.log"
-    PYTHONUNBUFFERED=1 timeout "${GPU_SECONDS:-420}" python3 benchmarks/gpu.py "$@" 2>&1 | tee -a "$out/gpu.log"
+    PYTHONUNBUFFERED=1 timeout "${GPU_SECONDS:-420}" python3 "$script" "$@" 2>&1 | tee -a "$out/gpu.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_device.sh wheels | run [benchmarks/gpu.py arguments]" >&2
+    echo "usage: bash benchmarks/gpu_device.sh wheels | run [benchmarks/gpu.py arguments] | fit [gpu_fit.py arguments]" >&2
     exit 2
     ;;
 esac

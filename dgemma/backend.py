@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from . import run as runs
 from .context import encode_context
-from .errors import InputError
-from .guide import guide_for
 from .knobs import num_blocks
-from .run import generate, prepare, run_batch
+from .run import Request, generate, run_batch
 from .schedulers import Scheduling
 
 
@@ -20,11 +19,17 @@ from .schedulers import Scheduling
 class Backend(Protocol):
     """What runs a model's requests: this process's engine (`LocalBackend`), this pack's server
     (remote.pack.PackBackend) or a text dialect's server (remote.text.TextBackend; the dialects and how
-    each is recognised: remote/dialects.py). Optional, read with getattr below: `plan(model, knobs)`,
-    `readings` (what its stream leaves unknown) and `takes_constraints`."""
+    each is recognised: remote/dialects.py). Optional, read with getattr below: `plan(model, knobs)` and
+    `readings` (what its stream leaves unknown)."""
 
-    def check(self, model, prompt, knobs, context=None, image=None, advanced=None):
-        """Every check that needs no model work, before any event or progress is shown."""
+    def check(self, model, prompt, knobs, context=None, image=None, advanced=None, *, constraint=None,
+              advance_context=False, should_cancel=None):
+        """Every check that needs no model work, before any event or progress is shown: the checked request
+        that `run_checked` runs as it is (`should_cancel` stops a constraint's compile)."""
+
+    def run_checked(self, requests, *, on_frame=None, on_settled=None, should_cancel=None, max_batch=None) -> list:
+        """Checked requests of one model: their RunResults, in order. `on_frame(index, frame)` reports each
+        step, `on_settled(index)` each item that finished or paused."""
 
     def run(self, model, prompt, knobs, **options):
         """One run (the options of `generate`): a RunResult, each step given to `on_frame`."""
@@ -33,12 +38,22 @@ class Backend(Protocol):
         """`text` (and `image`) as a KV context, onto `onto` when given."""
 
 
-class LocalBackend:
-    """This process's engine."""
+def prepare(*args, **kwargs) -> Request:
+    """`run.prepare`, looked up when called: whoever wraps either name sees every check."""
+    return runs.prepare(*args, **kwargs)
 
-    def check(self, dm, prompt, knobs, context=None, image=None, advanced=None) -> None:
-        """Every check that needs no model work, before any event or progress is shown."""
-        prepare(dm, prompt, knobs, context=context, image=image, advanced=advanced)
+
+class LocalBackend:
+    """This process's engine: its checked request is `run.Request`, and a list runs as batches."""
+
+    def check(self, dm, prompt, knobs, context=None, image=None, advanced=None, *, constraint=None,
+              advance_context=False, should_cancel=None) -> Request:
+        return prepare(dm, prompt, knobs, context=context, image=image, advance_context=advance_context,
+                       advanced=advanced, constraint=constraint, should_cancel=should_cancel)
+
+    def run_checked(self, requests, *, on_frame=None, on_settled=None, should_cancel=None, max_batch=None) -> list:
+        return run_batch(requests, on_frame=on_frame, should_cancel=should_cancel, max_batch=max_batch,
+                         on_settled=on_settled)
 
     def run(self, dm, prompt, knobs, **options):
         return generate(dm, prompt, knobs, **options)
@@ -67,33 +82,3 @@ def plan_of(model, knobs, advanced=None) -> tuple:
 def readings_of(model):
     """The readings a model's engine declares before it runs (readings.Readings); None: every one exact."""
     return getattr(backend_of(model), "readings", None)
-
-
-def run_items(model, items, *, on_frame=None, on_settled=None, should_cancel=None, max_batch=None) -> list:
-    """Run list items, each (prompt, knobs, options of `generate`), on one model: as batches in this
-    process; one after another on a remote model. `on_frame(index, frame)`, `on_settled(index)`."""
-    engine = backend_of(model)
-    if engine is LOCAL:
-        requests = [prepare(model, prompt, knobs, **options) for prompt, knobs, options in items]
-        return run_batch(requests, on_frame=on_frame, should_cancel=should_cancel, max_batch=max_batch,
-                         on_settled=on_settled)
-    results = []
-    for index, (prompt, knobs, options) in enumerate(items):
-        told = None if on_frame is None else (lambda frame, index=index: on_frame(index, frame))
-        results.append(engine.run(model, prompt, knobs, on_frame=told, should_cancel=should_cancel, **options))
-        if on_settled is not None:
-            on_settled(index)
-    return results
-
-
-def constraint_options(model, constraint, gen_length: int, should_cancel=None) -> dict:
-    """The run options a constraint adds, checked (compiled) before any work: none when it is empty."""
-    if constraint is None or not getattr(constraint, "active", True):
-        return {}
-    engine = backend_of(model)
-    if engine is LOCAL:
-        guide_for(model, constraint, gen_length, should_cancel)
-    elif not getattr(engine, "takes_constraints", False):  # its server compiles and checks the constraint
-        raise InputError("constraint", f"{model} is a remote model whose server cannot constrain answers; use this "
-                                       "pack's server (python -m serve) or DGemmaLoader, or leave constraint empty")
-    return {"constraint": constraint}

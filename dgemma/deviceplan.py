@@ -8,7 +8,7 @@ A refusal names the routes that do work on this machine, each with what it costs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1024**3
 RAM_HEADROOM = 0.9             # share of free RAM a plan may fill: the OS and ComfyUI need the rest
@@ -22,6 +22,9 @@ RAM_BYTES_PER_S = 40e9         # a desktop's memory bandwidth; a CPU step reads 
 STEP_BYTES_PER_LOGIT = 28
 LOAD_CONTEXT = 4096            # context tokens a load budgets for (its KV cache); a longer prompt needs more
 INT4_SHARE = 0.592             # the real AutoRound INT4 checkpoint's bytes over the bf16 model's
+# What `quant auto` tries, best quality first, for a checkpoint that each of them loads from.
+AUTO_ORDER = ("none", "8bit", "4bit", "autoround")
+WHAT = {"none": "model", "autoround": "AutoRound INT4 model", "4bit": "4-bit model", "8bit": "8-bit model"}
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,15 @@ class Need:
 
 @dataclass(frozen=True)
 class Plan:
-    """Where the weights go: one device, or a device_map with per-device budgets (offload)."""
+    """Where the weights go: one device, or a device_map with per-device budgets (offload), in which quant mode."""
 
     device: str
     device_map: object
     max_memory: dict | None
     weight_bytes: int
     streamed: int = 0   # weight bytes that cross PCIe every step (a GPU/CPU split)
+    quant: str = "none"
+    hint: str = ""      # a faster route the note names (a split that a quant mode would avoid)
 
     @property
     def note(self) -> str:
@@ -53,7 +58,7 @@ class Plan:
         if not self.streamed:
             return ""
         return (f"split: {self.streamed / GIB:.1f} GiB of weights stay in CPU RAM and cross PCIe every step "
-                f"(at least {self.streamed / PCIE_BYTES_PER_S:.1f} s per step at 25 GB/s)")
+                f"(at least {self.streamed / PCIE_BYTES_PER_S:.1f} s per step at 25 GB/s){self.hint}")
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,12 @@ class Refusal(ValueError):
 
 def step_bytes(text_config, canvas: int, context: int, batch: int = 1) -> int:
     """One denoising step's working memory: logit-sized temporaries and the KV cache of `context` tokens."""
-    return batch * (STEP_BYTES_PER_LOGIT * canvas * text_config.vocab_size + kv_bytes(text_config, context))
+    return batch * (logit_bytes(text_config, canvas) + kv_bytes(text_config, context))
+
+
+def logit_bytes(text_config, canvas: int) -> int:
+    """One step's logit-sized temporaries (STEP_BYTES_PER_LOGIT per position and vocabulary entry)."""
+    return STEP_BYTES_PER_LOGIT * canvas * text_config.vocab_size
 
 
 def kv_bytes(text_config, context: int, dtype_bytes: int = 2) -> int:
@@ -104,31 +114,72 @@ def _kv_width(text_config, i: int, kind: str) -> int:
     return text_config.num_key_value_heads * text_config.head_dim
 
 
-def need_for(weights: int, text_config, canvas: int, quant: str, shared: int = 0) -> tuple[Need, Need]:
-    """(this checkpoint's Need, its twin's in the other quant mode, estimated from the real model's ratio)."""
+def need_for(weights: int, text_config, canvas: int, quant: str, shared: int = 0,
+             made: dict[str, Need] | None = None) -> dict[str, Need]:
+    """Every mode's Need: this checkpoint's in `quant`, the twin checkpoint's in the other stored mode (estimated
+    from the real model's ratio), and `made` (the modes quantized at load, see made_need)."""
     step = step_bytes(text_config, canvas, LOAD_CONTEXT)
+    other = "none" if quant == "autoround" else "autoround"
     twin = int(weights / INT4_SHARE) if quant == "autoround" else int(weights * INT4_SHARE)
-    return Need(weights, weights - shared, step), Need(twin, twin, step)
+    return {quant: Need(weights, weights - shared, step), other: Need(twin, twin, step), **(made or {})}
+
+
+def made_need(bf16_bytes: int, quantized_numel: int, packed_bytes: int, dense_numel: int, largest_numel: int,
+              step: int, element: int = 2, logits: int = 0) -> Need:
+    """A mode quantized at load: `quantized_numel` weights of the `bf16_bytes` model held as `packed_bytes`.
+
+    Loading holds one tensor in flight (`largest_numel`) beside what is already quantized. A step
+    dequantizes one layer's experts at a time (`dense_numel`), while the logit-sized temporaries
+    (`logits` of the `step`) are not yet made, so the step needs the larger of the two.
+    """
+    resident = bf16_bytes - quantized_numel * element + packed_bytes
+    return Need(resident + largest_numel * element, resident, step + max(0, dense_numel * element - logits))
 
 
 def plan(need: Need, device: str, *, ram: int, vram: int, total_vram: int = 0, quant: str = "none",
-         twin: Need | None = None) -> Plan:
-    """The placement for `device` (auto, cuda or cpu), or a Refusal naming the routes that work.
+         others: dict[str, Need] | None = None) -> Plan:
+    """The placement of `quant` for `device` (auto, cuda or cpu), or a Refusal naming the routes that work.
 
-    An AutoRound model is never split between GPU and CPU (accelerate's offload of its packed
-    layers fails inside from_pretrained); `twin` is the same model in the other quant mode, so a
-    refusal can name it.
+    Only the unquantized model is ever split between GPU and CPU (accelerate's offload of packed
+    layers fails inside from_pretrained, and quantized layers are sized to fit whole); `others` are
+    the other modes' Needs (this checkpoint's, or its twin's), so a refusal or a split's note can name them.
     """
+    needs = {**(others or {}), quant: need}
     placed, problem = _place(need, device, ram, vram, quant)
     if placed is not None:
-        return placed
+        return replace(placed, quant=quant, hint=_hint(placed, needs, ram, vram))
     card = f" (a {_gib(total_vram)} card)" if total_vram and "GPU" in problem else ""
-    raise Refusal(problem + card, routes(need, ram, vram, quant, twin, skip=(quant, device)))
+    raise Refusal(problem + card, routes(needs, ram, vram, skip=(quant, device)))
+
+
+def choose(needs: dict[str, Need], own: tuple[str, ...], device: str, *, ram: int, vram: int,
+           total_vram: int = 0) -> Plan:
+    """`quant auto`: of the modes this checkpoint loads in (`own`), the best that runs whole on the GPU, else
+    the unquantized model split, else the best that fits in RAM; a Refusal naming every need otherwise."""
+    ordered = [q for q in AUTO_ORDER if q in own]
+    on_gpu = bool(vram) and device != "cpu"
+    for q, d in _auto_tries(ordered, device, on_gpu):
+        placed, _ = _place(needs[q], d, ram, vram, q)
+        if placed is not None and (d != "auto" or placed.streamed):
+            return replace(placed, quant=q)
+    where, free = ("the GPU", vram) if on_gpu else ("RAM", ram)
+    listed = ", ".join(f"{q} {_gib(needs[q].peak)}" for q in ordered)
+    card = f" (a {_gib(total_vram)} card)" if total_vram and on_gpu else ""
+    raise Refusal(f"no quant mode of this checkpoint fits {where} ({_gib(free)} free; needs: {listed}){card}",
+                  routes(needs, ram, vram))
+
+
+def _auto_tries(ordered: list[str], device: str, on_gpu: bool) -> list[tuple[str, str]]:
+    """(quant, device) in the order auto tries them: whole on the GPU, the bf16 split, then the CPU."""
+    tries = [(q, "cuda") for q in ordered] if on_gpu else []
+    if on_gpu and device == "auto" and "none" in ordered:
+        tries.append(("none", "auto"))
+    return tries + ([(q, "cpu") for q in ordered] if device != "cuda" else [])
 
 
 def _place(need: Need, device: str, ram: int, vram: int, quant: str) -> tuple[Plan | None, str]:
     """(the plan, "") or (None, what does not fit)."""
-    what = "AutoRound INT4 model" if quant == "autoround" else "model"
+    what = WHAT.get(quant, "model")
     if device == "cpu" or (device == "auto" and not vram):
         if need.peak <= ram * RAM_HEADROOM:
             return Plan("cpu", None, None, need.load), ""
@@ -136,8 +187,8 @@ def _place(need: Need, device: str, ram: int, vram: int, quant: str) -> tuple[Pl
     if need.peak <= vram - CUDA_RESERVE:
         return Plan("cuda", {"": 0}, None, need.load), ""
     short = f"the {what} needs {_gib(need.peak)} on the GPU but it has {_gib(vram)} free"
-    if quant == "autoround":
-        return None, short + " and an AutoRound model cannot be split between GPU and CPU"
+    if quant != "none":
+        return None, short + f" and a {what.removesuffix(' model')} model cannot be split between GPU and CPU"
     if device == "cuda":
         return None, short + " and device cuda keeps it whole on the GPU"
     split = _split(need, ram, vram)
@@ -148,21 +199,30 @@ def _place(need: Need, device: str, ram: int, vram: int, quant: str) -> tuple[Pl
 
 
 def _split(need: Need, ram: int, vram: int) -> Plan | None:
-    """bf16 across GPU and CPU RAM (device auto): the part past the GPU budget streams over PCIe."""
+    """bf16 across GPU and CPU RAM (device auto): the part past the GPU budget streams over PCIe. accelerate fills
+    the GPU in module order ("sequential"): its balanced map ("auto") can put the two sides of an encoder/decoder
+    tie on different devices and leave one on the meta device."""
     gpu = max(0, vram - CUDA_RESERVE - need.step)
     on_cpu = need.load - gpu
     if gpu <= 0 or on_cpu > ram * RAM_HEADROOM:
         return None
     budget = {0: int(gpu), "cpu": int(ram * RAM_HEADROOM)}
-    return Plan("cuda", "auto", budget, need.load, streamed=int(on_cpu))
+    return Plan("cuda", "sequential", budget, need.load, streamed=int(on_cpu))
 
 
-def routes(need: Need, ram: int, vram: int, quant: str, twin: Need | None, skip=()) -> list[Route]:
-    """Every load that fits here (this model or its twin, GPU whole, split, CPU), fastest first, then remote."""
+def _hint(placed: Plan, needs: dict[str, Need], ram: int, vram: int) -> str:
+    """For a split: the modes that would run whole on this GPU instead."""
+    if not placed.streamed:
+        return ""
+    whole = [q for q in AUTO_ORDER if q in needs and _place(needs[q], "cuda", ram, vram, q)[0] is not None]
+    return f"; quant {whole[0]} runs whole on this GPU ({_gib(needs[whole[0]].peak)})" if whole else ""
+
+
+def routes(needs: dict[str, Need], ram: int, vram: int, skip=()) -> list[Route]:
+    """Every load that fits here (each mode: GPU whole, split, CPU), best quality first, then remote."""
     found = []
-    for q, n in ((quant, need), (_other(quant), twin)):
-        if n is None:
-            continue
+    for q in [q for q in AUTO_ORDER if q in needs]:
+        n = needs[q]
         for device in ("cuda", "auto", "cpu"):
             if (q, device) == tuple(skip):
                 continue
@@ -181,11 +241,7 @@ def _cost(p: Plan, need: Need) -> str:
         return f"{_gib(p.streamed)} over PCIe every step, at least {p.streamed / PCIE_BYTES_PER_S:.1f} s per step"
     if p.device == "cpu":
         return f"{_gib(need.peak)} of RAM, at least {need.resident / RAM_BYTES_PER_S:.1f} s per step"
-    return "whole on the GPU, the fastest"
-
-
-def _other(quant: str) -> str:
-    return "none" if quant == "autoround" else "autoround"
+    return f"whole on the GPU in {_gib(need.peak)}"
 
 
 def _gib(n: float) -> str:

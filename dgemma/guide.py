@@ -11,6 +11,7 @@ positions left, replaces the proposed tokens; at a block's last step it fills th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -22,13 +23,26 @@ BONUS = 1.0e4   # per kept proposal: outweighs any difference of logits
 BEAM = 64       # states kept per position (the previous path's state always among them)
 
 
-class Guide:
-    """One run's constraint: `apply` makes a step's canvas valid; `verdict` reads the answer."""
+@dataclass(frozen=True, eq=False)
+class GuidePlan:
+    """A constraint checked and compiled for one request: each run starts its own `Guide` from it."""
 
-    def __init__(self, automaton, constraint, canvas_length: int, blocks: int, shape=None):
-        self.automaton, self.constraint = automaton, constraint
-        self.shape = shape  # a one_value.OneValue: the canvas holds the value, the answer is its JSON
-        self.L, self.blocks = canvas_length, blocks
+    automaton: object
+    constraint: object
+    canvas_length: int
+    blocks: int
+    shape: object = None  # a one_value.OneValue: the canvas holds the value, the answer is its JSON
+
+    def start(self) -> Guide:
+        return Guide(self)
+
+
+class Guide:
+    """One run's constraint state: `apply` makes a step's canvas valid; `verdict` reads the answer."""
+
+    def __init__(self, plan: GuidePlan):
+        self.automaton, self.constraint, self.shape = plan.automaton, plan.constraint, plan.shape
+        self.L, self.blocks = plan.canvas_length, plan.blocks
         self._starts: dict[int, int | None] = {0: START}
         self._path: tuple[int, list[int]] | None = None  # (block, tokens) of the last valid path
         self.broken: str | None = None
@@ -177,9 +191,9 @@ class _Unconstrained:
 UNCONSTRAINED = _Unconstrained()
 
 
-def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> Guide | None:
-    """The run's guide (None for no constraint); refuses an answer that cannot fit, before any model work.
-    `should_cancel` stops the constraint's compile."""
+def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> GuidePlan | None:
+    """The constraint compiled for a request (None for no constraint); refuses an answer that cannot fit,
+    before any model work. `should_cancel` stops the constraint's compile."""
     from .constraint import Constraint, automaton
     from .errors import InputError
     from .one_value import one_value
@@ -201,4 +215,4 @@ def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> Guide | No
         raise InputError("constraint", f"the shortest answer the constraint allows takes {need} tokens with its "
                                        f"EOS, over the {positions} positions gen_length {gen_length} generates; "
                                        "raise gen_length or loosen the constraint")
-    return Guide(found, constraint, dm.canvas_length, blocks, shape)
+    return GuidePlan(found, constraint, dm.canvas_length, blocks, shape)

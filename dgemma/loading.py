@@ -9,13 +9,15 @@ from pathlib import Path
 
 import torch
 
-from . import deviceplan, patches, patching, preflight
+from . import deviceplan, patches, patching, preflight, quant_at_load
 from .errors import LoadCancelled
 from .identity import checkpoint_identity
 from .payloads import DGemmaModel
 from .preflight import short
-from .quant import after_load, check_packed, check_quant, model_class, shared_copy_bytes
+from .quant import MADE_AT_LOAD, after_load, check_packed, check_quant, model_class, quant_method, shared_copy_bytes
+from .quant_at_load import quantization_config
 from .tokens import check_template, tokenizer_fingerprint
+from .weightquant import has_bitsandbytes
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
@@ -188,12 +190,24 @@ def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[
 
 
 def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device: str, quant: str):
-    """The device plan for what a run of this checkpoint needs on this machine (see deviceplan)."""
+    """The device plan for what a run of this checkpoint needs on this machine, in `quant` or (auto) the best
+    mode that fits (see deviceplan)."""
     weights = preflight.loaded_bytes(stored, per_dtype, torch_dtype)
-    need, twin = deviceplan.need_for(weights, config.get_text_config(decoder=True), config.canvas_length, quant,
-                                     shared)
-    return deviceplan.plan(need, device, ram=preflight.free_ram(), vram=preflight.free_vram(),
-                           total_vram=preflight.total_vram(), quant=quant, twin=twin)
+    stored_mode = "autoround" if quant_method(config) == "auto-round" else "none"
+    text = config.get_text_config(decoder=True)
+    shape = quant_at_load.geometry(config)
+    element = max(1, round(weights / shape.total_numel)) if stored_mode == "none" else 2
+    step = deviceplan.step_bytes(text, config.canvas_length, deviceplan.LOAD_CONTEXT)
+    made = {q: deviceplan.made_need(shape.total_numel * element, sum(shape.quantized), shape.packed_bytes(q),
+                                    shape.dense_numel, max(shape.quantized, default=0), step, element,
+                                    deviceplan.logit_bytes(text, config.canvas_length))
+            for q in MADE_AT_LOAD}
+    needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made)
+    machine = dict(ram=preflight.free_ram(), vram=preflight.free_vram(), total_vram=preflight.total_vram())
+    if quant == "auto":
+        own = (stored_mode,) if stored_mode == "autoround" else ("none", *(MADE_AT_LOAD if has_bitsandbytes() else ()))
+        return deviceplan.choose(needs, own, device, **machine)
+    return deviceplan.plan(needs[quant], device, quant=quant, others=needs, **machine)
 
 
 @patches.paused_gc()
@@ -223,20 +237,24 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     check_quant(quant, config, where)
     stored, per_dtype, shared, headers = stored_bytes(folder, where, local, config)
     placement = place(config, stored, per_dtype, shared, torch_dtype, device, quant)
+    if quant != placement.quant:  # auto picked it
+        quant = placement.quant
+        check_quant(quant, config, where)
     vocab_size = config.get_text_config(decoder=True).vocab_size
     tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
     check_template(tokenizer, processor, where)
     image_processor = load_image_processor(where, local, processor)
+    extra = {"quantization_config": quantization_config(quant)} if quant in MADE_AT_LOAD else {}
     with cancel_checks(should_cancel), patches.for_load(quant):
         model = model_class(quant).from_pretrained(
             where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local,
             use_kernels=False, trust_remote_code=False, device_map=placement.device_map,
-            max_memory=placement.max_memory)
+            max_memory=placement.max_memory, **extra)
     if placement.device_map is None:
         model.to(placement.device)
     model.eval()
     after_load(model, quant, headers)
-    dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype_name = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).removeprefix("torch.")
     identity = checkpoint_identity(folder, where, stored, tokenizer_fingerprint(tokenizer))
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,
                        device=placement.device, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),

@@ -4,13 +4,12 @@ Per block: a uniform random canvas at the next global positions, decoder forward
 self-conditioning, a diffusers scheduler step (EntropyBoundScheduler unless a `LoopPlan` picks another),
 pins put back, the adaptive stop of diffusers 0.42 / transformers generate, then the committed
 canvas is encoded into the cache for the next block. A `LoopPlan` may also start the first block
-later in its schedule, pause at a step (leaving what resuming needs in `plan.paused`) and resume.
+later in its schedule, pause at a step (the lane's `paused`: what resuming needs) and resume.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ import torch
 from .cache import encode_ids, input_device
 from .errors import Cancelled
 from .guide import UNCONSTRAINED
-from .knobs import Knobs
+from .knobs import Knobs, num_blocks
 from .pins import Pins
 from .schedulers import Scheduling
 from .stepcopy import StepCopy
@@ -29,10 +28,6 @@ from .trace import Frame, Recorder
 from .versions import cache_kw
 
 STABILITY_STEPS = 1  # the released generation config's stability_threshold
-
-
-def num_blocks(gen_length: int, canvas_length: int) -> int:
-    return math.ceil(gen_length / canvas_length)
 
 
 class AdaptiveStop:
@@ -86,12 +81,12 @@ class Pause:
         return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class LoopPlan:
     """How an advanced run walks the schedule: scheduler, window [start, end) and pins.
 
-    `resume` is the `Pause` of an earlier run to continue; the loop sets `paused` when it stops at
-    `end` with a block unfinished.
+    `resume` is the `Pause` of an earlier run to continue. The plan is never written: a lane that stops
+    at `end` with a block unfinished keeps its own `Pause` (`Lane.paused`).
     """
 
     scheduling: Scheduling = field(default_factory=Scheduling)
@@ -99,7 +94,6 @@ class LoopPlan:
     end: int | None = None
     pins: Pins | None = None
     resume: Pause | None = None
-    paused: Pause | None = None
 
 
 def step_entropy(logits, scheduler_entropy, confidence: float):
@@ -197,6 +191,7 @@ class Lane:
         self.canvas = self.self_cond = self.stop = self.pins = None
         self.in_block = self.stopped = self.finished = False
         self.sequence = None
+        self.paused: Pause | None = None  # where the lane stopped at its plan's end, a block unfinished
         self.on_end: Callable[[], None] | None = None  # told once, when the lane finished or paused
 
     def ready(self) -> bool:
@@ -263,8 +258,8 @@ class Lane:
             self._finish()
 
     def _pause(self) -> None:
-        self.plan.paused = Pause(self.block, self.step, self.canvas, self.self_cond, self.stop, self.stepper.state(),
-                                 tuple(self.done))
+        self.paused = Pause(self.block, self.step, self.canvas, self.self_cond, self.stop, self.stepper.state(),
+                            tuple(self.done))
         self._end(torch.cat([*self.done, self.canvas], dim=-1))
 
     def _finish(self) -> None:
@@ -330,8 +325,8 @@ def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_i
     """Generate blocks onto `cache` (which grows); returns the ids so far, shape (1, blocks*L).
 
     `scheduler` is the plan's scheduler adapter, built when not given. A paused run returns its
-    finished blocks and the unfinished canvas, and sets `plan.paused`. A `guide`
-    (dgemma/guide.py) makes each step's canvas satisfy a constraint.
+    finished blocks and the unfinished canvas. A `guide` (one run's
+    dgemma/guide.Guide) makes each step's canvas satisfy a constraint.
     """
     lane = Lane(model, cache, knobs, generator, eos_ids, recorder, on_frame, encode_last, plan, scheduler, guide)
     drive(model, [lane], should_cancel)

@@ -21,7 +21,8 @@ import torch
 
 from .errors import short
 
-QUANTS = ("none", "autoround")
+QUANTS = ("auto", "none", "autoround", "4bit", "8bit")
+MADE_AT_LOAD = ("4bit", "8bit")  # quantized from the unquantized checkpoint while it loads (quant_at_load)
 # Fused MoE expert parameters (3D); auto-round splits them into per-expert linears.
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
 _ENCODER_LAYERS = "model.encoder.language_model.layers"
@@ -41,8 +42,10 @@ def check_quant(quant: str, config, source: str) -> None:
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {QUANTS}, got {short(quant)}; pick one of those")
     method = quant_method(config)
-    if quant == "none" and method is not None:
-        raise ValueError(f"{source!r} is a {method} quantized checkpoint but quant is 'none'; set quant to "
+    if quant == "auto":
+        return  # the device plan picks a mode this checkpoint loads in, checked again once picked
+    if quant in ("none", *MADE_AT_LOAD) and method is not None:
+        raise ValueError(f"{source!r} is a {method} quantized checkpoint but quant is {quant!r}; set quant to "
                          "'autoround' for an AutoRound checkpoint, or load an unquantized one")
     if quant == "autoround" and method != "auto-round":
         found = "no quantization_config" if method is None else f"quant_method {method!r}"
@@ -51,6 +54,10 @@ def check_quant(quant: str, config, source: str) -> None:
                          "Intel/diffusiongemma-26B-A4B-it-int4-AutoRound)")
     if quant == "autoround":
         _require_auto_round()
+    if quant in MADE_AT_LOAD:
+        from .weightquant import require_bitsandbytes
+
+        require_bitsandbytes(quant)
 
 
 def check_packed(config, names, source: str) -> None:
@@ -90,6 +97,12 @@ def model_class(quant: str):
 
 def after_load(model, quant: str, headers: dict | None = None) -> None:
     """Checks and repairs a mode needs once the weights are in (`headers`: the checkpoint's, when local)."""
+    if quant in MADE_AT_LOAD:
+        from .quant_at_load import check_loaded
+
+        check_loaded(model)
+        _refuse_meta(model)
+        return
     if quant != "autoround":
         return
     report = getattr(model, "_dgemma_load_report", None)
@@ -226,8 +239,8 @@ def _refuse_meta(model) -> None:
     offloaded = {k for k, v in (getattr(model, "hf_device_map", None) or {}).items() if str(v) in ("cpu", "disk")}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if tensor.device.type == "meta" and not any(name == k or name.startswith(k + ".") for k in offloaded):
-            raise ValueError(f"{name} was never loaded (still on the meta device); the AutoRound checkpoint is "
-                             "incomplete or does not match this transformers version")
+            raise ValueError(f"{name} was never loaded (still on the meta device); the checkpoint is incomplete "
+                             "or does not match this transformers version")
 
 
 def _quantized_by_config(model, config) -> set[str]:

@@ -17,10 +17,10 @@ from .cache import encode_ids, fork_cache, input_device, new_cache
 from .context import KVCache, mint
 from .errors import InputError, short
 from .excision import excise, thought_text
-from .guide import guide_for
-from .knobs import Knobs
+from .guide import Guide, GuidePlan, guide_for
+from .knobs import Knobs, num_blocks
 from .logprobs import MAX_TOP, Capture
-from .loop import Lane, LoopPlan, drive, num_blocks
+from .loop import Lane, LoopPlan, drive
 from .payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from .pins import report as pin_report
 from .resume import Advanced, Resume, check_advanced
@@ -87,7 +87,8 @@ def turn_ids(dm, prompt: str, knobs: Knobs, context, images=None) -> list[int]:
 class Request:
     """A run checked once by `prepare`: its inputs, the turn's ids and images, and the loop's plan.
 
-    A plain run is a default Advanced run that records its knobs alone and keeps no resume data.
+    It holds nothing a run changes (each run starts its own lane and guide), so it may run more than
+    once. A plain run is a default Advanced run that records its knobs alone and keeps no resume data.
     """
 
     dm: DGemmaModel
@@ -100,8 +101,8 @@ class Request:
     turn: tuple[int, ...] = ()
     images: object = None  # vision.ImageInput of a fresh run's image
     advance_context: bool = False
-    constraint: object = None  # the Constraint asked for, and its compiled guide (None: unconstrained)
-    guide: object = None
+    constraint: object = None  # the Constraint asked for, and its compiled plan (None: unconstrained)
+    guide_plan: GuidePlan | None = None
     logprobs: int | None = None  # alternatives per position to capture with the log-probabilities (None: none)
 
     @property
@@ -133,11 +134,11 @@ def prepare(dm: DGemmaModel, prompt: str, knobs: Knobs = Knobs(), *, context=Non
         check_image_tensor("image", image)
         check_vision("image", dm)
     plan = check_advanced(dm, prompt, knobs, context, advanced, image)
-    guide = guide_for(dm, constraint, knobs.gen_length, should_cancel)
+    guided = guide_for(dm, constraint, knobs.gen_length, should_cancel)
     images = prepare_images(dm, image) if image is not None and resume is None else None
     turn = tuple(turn_ids(dm, prompt, knobs, context, images)) if resume is None else ()
     return Request(dm, prompt, knobs, context, advanced, plain, plan, turn, images, advance_context,
-                   constraint, guide, logprobs)
+                   constraint, guided, logprobs)
 
 
 def check_logprobs(top, resume) -> None:
@@ -265,9 +266,6 @@ def check_batch(requests, max_batch=None) -> None:
         if req.dm is not requests[0].dm:
             raise InputError("model", f"item {index} uses another model than item 0; a batch runs on one "
                                       "model, so run each model's items apart")
-        if any(req is other for other in requests[:index]):  # a constraint's guide keeps state per run
-            raise InputError("requests", f"item {index} is the same Request as an earlier item; prepare each "
-                                         "item, even a repeated prompt, on its own")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise InputError("max_batch", f"max_batch must be a whole number of items of at least 1, got "
                                       f"{short(max_batch)}")
@@ -275,32 +273,33 @@ def check_batch(requests, max_batch=None) -> None:
 
 @dataclass(eq=False)
 class _Item:
-    """One request under way: its plan, scheduler adapter, recorder, start and lane (None: nothing to run)."""
+    """One run of a request under way, and all it changes: its scheduler adapter, recorder, start, guide
+    (None: unconstrained) and lane (None: nothing to run)."""
 
     req: Request
-    plan: LoopPlan
     scheduler: object
     recorder: Recorder
     start: Start
+    guide: Guide | None
     lane: Lane | None
 
 
 def _launch(req: Request, on_frame) -> _Item:
-    dm, knobs, resume = req.dm, req.knobs, req.resume
-    plan = dataclasses.replace(req.plan)  # the loop notes its pause on the plan
+    dm, knobs, resume, plan = req.dm, req.knobs, req.resume, req.plan
     scheduler = plan.scheduling.build(knobs, dm.canvas_length, input_device(dm.model))
     recorder = Recorder(knobs, dm.canvas_length, dm.token_strings, resumed=resume.recorded if resume else None,
                         clock=scheduler, knob_set=None if req.plain else req.advanced.knob_set(knobs))
     start = resumed_start(req) if resume is not None else fresh_start(req)
+    guide = req.guide_plan.start() if req.guide_plan is not None else None
     lane = None if start.cache is None else Lane(
         dm.model, start.cache, knobs, start.generator, dm.eos_ids, recorder, on_frame,
-        encode_last=req.advance_context, plan=plan, scheduler=scheduler, guide=req.guide,
+        encode_last=req.advance_context, plan=plan, scheduler=scheduler, guide=guide,
         capture=None if req.logprobs is None else Capture(req.logprobs))
-    return _Item(req, plan, scheduler, recorder, start, lane)
+    return _Item(req, scheduler, recorder, start, guide, lane)
 
 
 def _result(item: _Item) -> RunResult:
-    req, plan, scheduler, recorder, start = item.req, item.plan, item.scheduler, item.recorder, item.start
+    req, scheduler, recorder, start = item.req, item.scheduler, item.recorder, item.start
     dm, knobs, resume = req.dm, req.knobs, req.resume
     sequence = resume.ids if item.lane is None else item.lane.sequence
     summary = req.context.summary() if req.context is not None else None
@@ -308,27 +307,28 @@ def _result(item: _Item) -> RunResult:
     named = () if req.plain else (scheduler.diffusers_name, scheduler.config())
     trace = recorder.finish(context=summary, run_id=run_id, scheduler=named)
     image_record = req.images.record if req.images is not None else resume.image if resume is not None else None
-    state = _read_result(req, sequence, trace, plan, start, recorder.snapshot(), image_record)
+    state = _read_result(item, sequence, trace, recorder.snapshot(), image_record)
     config = RunConfig(prompt=req.prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
                        advanced=None if req.plain else req.advanced.record(),
-                       constraint=req.constraint.summary() if req.guide is not None else None, **dm.describe())
+                       constraint=req.constraint.summary() if item.guide is not None else None, **dm.describe())
     captured = item.lane.capture.result() if item.lane is not None and item.lane.capture is not None else None
     return RunResult(state.text, state, trace, config, _advanced_context(req, start.cache, state, image_record),
                      captured)
 
 
-def _read_result(req: Request, sequence, trace, plan: LoopPlan, start: Start, recorded, image_record) -> CanvasState:
+def _read_result(item: _Item, sequence, trace, recorded, image_record) -> CanvasState:
     """The readout, with what a later window needs to resume it and the constraint's verdict."""
-    state = read_state(req.dm, sequence[0].tolist(), trace, plan.pins)
+    req, start, guide = item.req, item.start, item.guide
+    state = read_state(req.dm, sequence[0].tolist(), trace, req.plan.pins)
     if not req.plain:
-        paused = plan.paused if start.cache is not None else None
-        keep = Resume(req.dm.model, req.prompt, req.context, req.knobs, plan.scheduling.name, recorded,
+        paused = item.lane.paused if item.lane is not None else None
+        keep = Resume(req.dm.model, req.prompt, req.context, req.knobs, req.plan.scheduling.name, recorded,
                       sequence, paused, start.cache if paused else None,
                       start.generator.get_state() if paused else None, image=image_record)
         state = dataclasses.replace(state, paused=paused is not None, resume=keep)
-    if req.guide is not None:
-        state = dataclasses.replace(state, text=req.guide.answer(state.text),
-                                    constraint=req.guide.verdict(state.raw_ids, state.paused))
+    if guide is not None:
+        state = dataclasses.replace(state, text=guide.answer(state.text),
+                                    constraint=guide.verdict(state.raw_ids, state.paused))
     return state
 
 

@@ -18,6 +18,7 @@ from .schema import (
     CANVAS_TRACE,
     CATEGORY,
     RUN_CONFIG,
+    Output,
     comfy_hints,
     context_input,
     image_input,
@@ -33,20 +34,31 @@ DECIDE_KNOBS = {
     **{name: dataclasses.replace(KNOBS[name], tooltip=SCHEDULE + KNOBS[name].tooltip) for name in KNOB_NAMES[1:]},
 }
 
+
+def _probabilities(model, decision) -> str:
+    return json.dumps(decision.asdict()["probabilities"], ensure_ascii=False, indent=1)
+
+
+# Each row's value from (model, Decision); `run` is the answer block's denoising run.
 DECIDE_OUTPUTS = (
-    ("STRING", "choice", "The option with the highest mean probability (a tie: the one listed first).", False),
-    ("STRING", "probabilities", "JSON: option -> {mean, standard_error} of its probability over the noise draws; "
-                                "the means sum to 1.", False),
-    ("IMAGE", "chart", "Bar chart of the mean probabilities, whiskers at ± one standard error, the choice marked.",
-     False),
-    ("IMAGE", "trace", "Each option's probability at the answer slot before every step of the answer block's "
-                       "denoising run, one line per option.", False),
-    (CANVAS_STATE, "canvas_state", "Readout of the answer block's run (what the denoising wrote).", False),
-    (CANVAS_TRACE, "canvas_trace", "Every step of the answer block's run, for DGemmaTrace and the Run Log Writer.",
-     False),
-    ("STRING", "frames", "One text per step of the answer block's run (a list), for the Run Log Writer.", True),
-    (RUN_CONFIG, "run_config", "The run's knobs and model with this decision in it: the Run Log Writer keeps the "
-                               "decision and each step's probabilities.", False),
+    Output("STRING", "choice", "The option with the highest mean probability (a tie: the one listed first).", False,
+           lambda model, decision: decision.choice),
+    Output("STRING", "probabilities", "JSON: option -> {mean, standard_error} of its probability over the noise "
+                                      "draws; the means sum to 1.", False, _probabilities),
+    Output("IMAGE", "chart", "Bar chart of the mean probabilities, whiskers at ± one standard error, the choice "
+                             "marked.", False, lambda model, decision: torch.from_numpy(chart(decision))),
+    Output("IMAGE", "trace", "Each option's probability at the answer slot before every step of the answer block's "
+                             "denoising run, one line per option.", False,
+           lambda model, decision: torch.from_numpy(trace_lines(decision))),
+    Output(CANVAS_STATE, "canvas_state", "Readout of the answer block's run (what the denoising wrote).", False,
+           lambda model, decision: decision.run.state),
+    Output(CANVAS_TRACE, "canvas_trace", "Every step of the answer block's run, for DGemmaTrace and the Run Log "
+                                         "Writer.", False, lambda model, decision: decision.run.trace),
+    Output("STRING", "frames", "One text per step of the answer block's run (a list), for the Run Log Writer.", True,
+           lambda model, decision: frame_texts(decision.run.trace, model.token_strings)),
+    Output(RUN_CONFIG, "run_config", "The run's knobs and model with this decision in it: the Run Log Writer keeps "
+                                     "the decision and each step's probabilities.", False,
+           lambda model, decision: decision.run.config),
 )
 
 OPTIONS_TOOLTIP = ("The answers to choose among, one per line (blank lines skipped): each option is the whole "
@@ -92,8 +104,4 @@ class DGemmaDecide:
                                    context=kv_cache, image=image)
         with memory.running(model, unique_id), comfy_hints():
             decision = run_decision(req, should_cancel=host.check_interrupt)
-        run = decision.run
-        probabilities = json.dumps(decision.asdict()["probabilities"], ensure_ascii=False, indent=1)
-        return (decision.choice, probabilities, torch.from_numpy(chart(decision)),
-                torch.from_numpy(trace_lines(decision)), run.state, run.trace,
-                frame_texts(run.trace, model.token_strings), run.config)
+        return tuple(row.get(model, decision) for row in DECIDE_OUTPUTS)

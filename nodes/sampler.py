@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dgemma.backend import backend_of, constraint_options, plan_of, readings_of, run_items
+from ..dgemma.backend import backend_of, plan_of, readings_of
 from ..dgemma.errors import InputError, short
 from ..dgemma.images import Asked, render_images
 from ..dgemma.knobs import knobs_from
@@ -13,11 +13,14 @@ from ..dgemma.vision import thumbnail, to_uint8
 from . import host, memory
 from .events import DONE, START, STEP, BatchStream
 from .schema import (
+    CANVAS_STATE,
+    CANVAS_TRACE,
     CATEGORY,
     KV_CACHE,
     MAX_LIST,
     RESUME_HINTS,
-    SAMPLER_OUTPUTS,
+    RUN_CONFIG,
+    Output,
     comfy_hints,
     constraint_inputs,
     constraint_of,
@@ -26,6 +29,7 @@ from .schema import (
     knob_inputs,
     model_input,
     naming_item,
+    on_demand,
     output_spec,
     validate_knobs,
 )
@@ -34,6 +38,33 @@ from .wiring import made
 PROMPT_TOOLTIP = "The user turn; it is rendered through the model's own chat template."
 TURN_TOOLTIP = ("The TURN: chat-templated and prefilled onto kv_cache before decoding. Leave it empty with "
                 "a kv_cache wired for pure injection (the cache alone conditions the canvas).")
+
+
+def _frames(call, result) -> list[str]:
+    return frame_texts(result.trace, call.model.token_strings)
+
+
+def _images(call, result):
+    return render_images(result.trace, call.model.token_strings, Asked.of(call.prompt, result.config.image))
+
+
+# The samplers' outputs, each row's value read from (Call, RunResult); a new socket is one row, appended.
+SAMPLER_OUTPUTS = (
+    Output("STRING", "text", "The answer: thought channel cut out on ids, ended at the first EOS.", False,
+           lambda call, result: result.text),
+    Output(CANVAS_STATE, "canvas_state", "Honesty readout: turn_closed, answer_tokens, thought, converged, "
+                                         "committed_fraction (last step of the last block), steps_used.", False,
+           lambda call, result: result.state),
+    Output(CANVAS_TRACE, "canvas_trace", "Every executed step: canvas ids, committed mask (the scheduler's, plus "
+                                         "what the adaptive stop committed), entropy (nats of logits / T).", False,
+           lambda call, result: result.trace),
+    Output("STRING", "frames", "One text per step: the raw canvas, thought channel included (a list).", True,
+           _frames, on_demand=True),
+    Output("IMAGE", "images", "The steps as one image batch (B,H,W,3); wire it to Video Combine for a GIF.", False,
+           _images, on_demand=True),
+    Output(RUN_CONFIG, "run_config", "The knobs and model of this run, for DGemmaRunLogWriter.", False,
+           lambda call, result: result.config),
+)
 
 
 class LiveRun:
@@ -48,7 +79,7 @@ class LiveRun:
         self.model, self.rows = model, bar
         self.resumed = [c.advanced.resume.recorded if c.advanced is not None and c.advanced.resume is not None
                         else None for c in calls]
-        self.asked = [(c.prompt, c.options["image"]) for c in calls]
+        self.asked = [(c.prompt, c.image) for c in calls]
         self.total = sum(blocks * steps for blocks, steps in bar)
         self.reached = [0] * len(calls)  # per item, and in all: steps of the bar reached
         self.done_steps = 0
@@ -93,27 +124,27 @@ class LiveRun:
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """One list item of a sampler node, checked: the engine's inputs and whether it advances the context."""
+    """One list item of a sampler node, checked once: what the live view shows of it, and the request its
+    model's backend checked, which that backend runs as it is."""
 
     model: object
     prompt: str
     knobs: object
     advanced: object
-    options: dict  # context, image, advance_context, advanced and constraint, as `generate` takes them
-    advance: bool
+    image: object
+    request: object  # a run.Request on this process's engine; a remote backend's own checked request
 
 
 def check_call(model, prompt, kv_cache=None, advance=False, advanced=None, image=None, constraint=None,
                **knobs) -> Call:
     """Every check of one item before any event or model work."""
-    engine = backend_of(model)  # this process's engine, or a remote model's server
     resuming = advanced is not None and advanced.resume is not None
     with comfy_hints(RESUME_HINTS if resuming else None):  # a resume's refusals carry this node's fix
         knobs = knobs_from(knobs, every=True)  # a node's inputs: a missing knob is never a default
-        engine.check(model, prompt, knobs, kv_cache, image, advanced)  # before the view resets: a refusal leaves it
-        options = constraint_options(model, constraint, knobs.gen_length, host.check_interrupt)
-    options = {"context": kv_cache, "image": image, "advance_context": advance, "advanced": advanced, **options}
-    return Call(model, prompt, knobs, advanced, options, advance)
+        request = backend_of(model).check(  # before the view resets: a refusal leaves it
+            model, prompt, knobs, kv_cache, image, advanced, constraint=constraint, advance_context=advance,
+            should_cancel=host.check_interrupt)
+    return Call(model, prompt, knobs, advanced, image, request)
 
 
 def list_items(inputs: dict) -> list[dict]:
@@ -159,9 +190,9 @@ def run_calls(node_id, calls: list[Call], max_batch: int | None = None) -> list:
         view.start()
         try:
             with comfy_hints():
-                results = run_items(model, [(c.prompt, c.knobs, c.options) for c in calls], on_frame=view.frame,
-                                    on_settled=view.settle, should_cancel=host.check_interrupt,
-                                    max_batch=max_batch)
+                results = backend_of(model).run_checked(
+                    [c.request for c in calls], on_frame=view.frame, on_settled=view.settle,
+                    should_cancel=host.check_interrupt, max_batch=max_batch)
         except BaseException as err:
             view.failed(err)
             raise
@@ -175,14 +206,17 @@ UNMADE = ("not made: no node of this prompt read it when it was queued; queue th
           "page, or through ComfyUI's /prompt")
 
 
-def item_outputs(call: Call, result, make=lambda name: True) -> tuple:
-    """One item's outputs; `make(name)` says whether an on-demand output (frames, images) is read."""
-    model, trace = call.model, result.trace
-    frames = frame_texts(trace, model.token_strings) if make("frames") else [host.unmade(f"frames {UNMADE}")]
-    images = (render_images(trace, model.token_strings, Asked.of(call.prompt, result.config.image))
-              if make("images") else host.unmade(f"images {UNMADE}"))
-    outputs = (result.text, result.state, trace, frames, images, result.config)
-    return outputs + ((result.context,) if call.advance else ())
+def item_outputs(outputs: tuple, call: Call, result, make=lambda name: True) -> tuple:
+    """One item's outputs, a value per row of the node's table; `make(name)` says whether an on-demand output
+    (frames, images) is read: one that is not holds ComfyUI's blocker, in a list for a list output."""
+    values = []
+    for row in outputs:
+        if row.on_demand and not make(row.name):
+            unmade = host.unmade(f"{row.name} {UNMADE}")
+            values.append([unmade] if row.listed else unmade)
+        else:
+            values.append(row.get(call, result))
+    return tuple(values)
 
 
 def run_list(node, unique_id, inputs: dict) -> tuple:
@@ -202,7 +236,7 @@ def run_list(node, unique_id, inputs: dict) -> tuple:
         indexes = [i for i, c in enumerate(calls) if c.model is model]
         results = run_calls(node_id, [calls[i] for i in indexes], max_batch)
         for i, result in zip(indexes, results):
-            per_item[i] = item_outputs(calls[i], result, lambda name: made(graph, node_id, name))
+            per_item[i] = item_outputs(node.OUTPUTS, calls[i], result, lambda name: made(graph, node_id, name))
     return tuple([x for out in per_item for x in out[k]] if listed else [out[k] for out in per_item]
                  for k, listed in enumerate(node.ITEM_OUTPUT_IS_LIST))
 
@@ -211,9 +245,10 @@ class DGemmaSampler:
     CATEGORY = CATEGORY
     FUNCTION = "sample"
     INPUT_IS_LIST = True  # a list of prompts (or of any input) runs as one batch
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(SAMPLER_OUTPUTS)
+    OUTPUTS = SAMPLER_OUTPUTS  # a subclass sets its own table; its declarations follow (__init_subclass__)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(OUTPUTS)
     OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)  # one value per item; frames: every item's, in order
-    ON_DEMAND = ("frames", "images")  # made only when the prompt reads them (nodes/wiring.py)
+    ON_DEMAND = on_demand(OUTPUTS)  # frames and images: made only when the prompt reads them (nodes/wiring.py)
     DESCRIPTION = ("Generates an answer by block diffusion and records every step: the canvas starts as uniform "
                    "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
@@ -236,6 +271,12 @@ class DGemmaSampler:
         graph is queued: before the Loader loads a model. ComfyUI lists a refusal under each input named here."""
         return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.RETURN_TYPES, cls.RETURN_NAMES, cls.OUTPUT_TOOLTIPS, cls.ITEM_OUTPUT_IS_LIST = output_spec(cls.OUTPUTS)
+        cls.OUTPUT_IS_LIST = (True,) * len(cls.RETURN_TYPES)
+        cls.ON_DEMAND = on_demand(cls.OUTPUTS)
+
     def sample(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)
 
@@ -243,15 +284,16 @@ class DGemmaSampler:
         return check_call(model, prompt, image=image, **knobs)
 
 
-DENOISE_OUTPUTS = SAMPLER_OUTPUTS + (
-    (KV_CACHE, "kv_cache", "The context advanced by this run: kv_cache + turn + every generated block (the input "
-                           "is unchanged).", False),)
+KV_CACHE_OUTPUT = Output(KV_CACHE, "kv_cache", "The context advanced by this run: kv_cache + turn + every generated "
+                                                "block (the input is unchanged).", False,
+                         lambda call, result: result.context)
+# Saved Denoise workflows read kv_cache at slot 6: a row added to the samplers' table comes after it here.
+DENOISE_OUTPUTS = SAMPLER_OUTPUTS[:6] + (KV_CACHE_OUTPUT,) + SAMPLER_OUTPUTS[6:]
 
 
 class DGemmaDenoise(DGemmaSampler):
     FUNCTION = "denoise"
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(DENOISE_OUTPUTS)
-    OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)
+    OUTPUTS = DENOISE_OUTPUTS
     DESCRIPTION = ("DGemmaSampler with an optional kv_cache from DGemmaEncode. prompt is the TURN, kv_cache is "
                    "CONTEXT: both wired is a composed run (the turn is prefilled after the context), an empty "
                    "prompt is pure injection, no cache is exactly the Sampler. Works for any gen_length; the "

@@ -7,18 +7,16 @@ from ..dgemma.payloads import CanvasState
 from ..dgemma.pins import check_shape
 from ..dgemma.resume import WINDOW_KNOBS, Advanced
 from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
-from .sampler import MAX_BATCH, TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
+from .sampler import MAX_BATCH, SAMPLER_OUTPUTS, TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
 from .schema import (
     CANVAS_STATE,
     RESUME_HINTS,
-    SAMPLER_OUTPUTS,
     comfy_hints,
     constraint_inputs,
     constraint_of,
     context_input,
     image_input,
     knob_inputs,
-    output_spec,
     validate_knobs,
     widget_values,
 )
@@ -33,8 +31,8 @@ STATE_OUT_TOOLTIP = ("Honesty readout, plus (in memory only, never in the run lo
                      "self-conditioning logits (canvas x vocab: about 134 MB in bf16 at the real vocabulary), "
                      "generator, cache, block and step. paused is true when the node stopped at end_step.")
 
-ADVANCED_OUTPUTS = tuple((t, n, STATE_OUT_TOOLTIP if n == "canvas_state" else tip, lst)
-                         for t, n, tip, lst in SAMPLER_OUTPUTS)
+ADVANCED_OUTPUTS = tuple(row._replace(tooltip=STATE_OUT_TOOLTIP) if row.name == "canvas_state" else row
+                         for row in SAMPLER_OUTPUTS)
 
 
 def resume_of(canvas_state):
@@ -49,8 +47,7 @@ def resume_of(canvas_state):
 
 class DGemmaSamplerAdvanced(DGemmaSampler):
     FUNCTION = "sample_advanced"
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, ITEM_OUTPUT_IS_LIST = output_spec(ADVANCED_OUTPUTS)
-    OUTPUT_IS_LIST = (True,) * len(RETURN_TYPES)
+    OUTPUTS = ADVANCED_OUTPUTS
     DESCRIPTION = ("The Sampler with a choice of scheduler, a window [start_step, end_step) of the schedule (like "
                    "KSamplerAdvanced: it enters the first block at start_step, pauses at end_step), pins that "
                    "hold text in place (infilling), and a canvas_state that the next Advanced sampler resumes "

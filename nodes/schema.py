@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from ..dgemma.errors import InputError
 from ..dgemma.knobs import KNOBS, Knobs, check_knob
@@ -66,22 +68,27 @@ def validate_knobs(values: dict):
     return True
 
 
-# (type, name, tooltip, is a list)
-SAMPLER_OUTPUTS = (
-    ("STRING", "text", "The answer: thought channel cut out on ids, ended at the first EOS.", False),
-    (CANVAS_STATE, "canvas_state", "Honesty readout: turn_closed, answer_tokens, thought, converged, "
-                                   "committed_fraction (last step of the last block), steps_used.", False),
-    (CANVAS_TRACE, "canvas_trace", "Every executed step: canvas ids, committed mask (the scheduler's, plus what "
-                                   "the adaptive stop committed), entropy (nats of logits / T).", False),
-    ("STRING", "frames", "One text per step: the raw canvas, thought channel included (a list).", True),
-    ("IMAGE", "images", "The steps as one image batch (B,H,W,3); wire it to Video Combine for a GIF.", False),
-    (RUN_CONFIG, "run_config", "The knobs and model of this run, for DGemmaRunLogWriter.", False),
-)
+class Output(NamedTuple):
+    """One output socket: its type, name, tooltip, whether it is a list, and `get`, which reads its value from
+    what the node ran (a sampler's: `get(call, result)`). `on_demand`: costly, made only when the queued prompt
+    reads it (nodes/wiring.py). Saved workflows link outputs by slot, so a node's rows are only appended."""
+
+    type: str
+    name: str
+    tooltip: str
+    listed: bool
+    get: Callable
+    on_demand: bool = False
 
 
 def output_spec(outputs) -> tuple[tuple, tuple, tuple, tuple]:
     """(RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST) from one table."""
-    return tuple(zip(*outputs))
+    return tuple(zip(*(row[:4] for row in outputs)))
+
+
+def on_demand(outputs: tuple) -> tuple[str, ...]:
+    """The names of a table's outputs made only when the queued prompt reads them (a node's ON_DEMAND)."""
+    return tuple(row.name for row in outputs if row.on_demand)
 
 
 # What to wire in ComfyUI, by the engine's name of a bad input.

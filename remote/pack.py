@@ -17,6 +17,7 @@ from ..dgemma.tokens import check_text
 from ..dgemma.vision import check_image_tensor
 from ..dgemma.wire import EXTENSION, FRAME, WireError, obj, result_parts, row_frame, step_row
 from ..dgemma.wire import text as text_field
+from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteContext, RemoteResume
 from .verify import Asked, check_echo, check_ids, check_step, made_context
@@ -41,7 +42,7 @@ def refused(err: RemoteRefusal) -> Exception:
     return InputError(err.param, err.message) if err.status == 400 and err.param else err
 
 
-class PackBackend:
+class PackBackend(RemoteBackend):
     """Runs, encodes and checks on the pack's server at `remote`."""
 
     dialect = "pack"
@@ -50,7 +51,7 @@ class PackBackend:
     def __init__(self, remote):
         self.remote = remote
 
-    def check(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
+    def check_inputs(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
         """The checks that need no model; the server makes the rest before its first step."""
         check_turn(prompt, knobs)
         if context is not None and not (isinstance(context, RemoteContext) and context.model is model):
@@ -92,6 +93,10 @@ class PackBackend:
                                "resume": advanced.resume.handle if advanced.resume is not None else None}
         return {"model": model.model_id, "stream": True, "messages": [{"role": "user", "content": prompt}],
                 EXTENSION: ext}
+
+    def run_one(self, req: Checked, on_frame=None, should_cancel=None) -> RunResult:
+        return self.run(req.model, req.prompt, req.knobs, on_frame=on_frame, should_cancel=should_cancel,
+                        **req.options)
 
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
             advance_context=False, advanced=None, constraint=None) -> RunResult:

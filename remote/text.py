@@ -23,6 +23,7 @@ from ..dgemma.readings import Readings
 from ..dgemma.run import RunResult, check_turn
 from ..dgemma.vision import check_image_tensor
 from ..dgemma.wire import CANVAS_RUN, FRAME, MAX_LEN, STEPS_RUN, TIMINGS, VLLM_ARGS, VLLM_MAX_STEPS
+from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteModel
 from .pack import CHAT, refused
@@ -63,7 +64,7 @@ def image_parts(image) -> list:
     return parts
 
 
-class TextBackend:
+class TextBackend(RemoteBackend):
     """What both text dialects share: the request, the refusals, and the result they can honestly give."""
 
     dialect = "text"
@@ -84,7 +85,7 @@ class TextBackend:
         return Readings(f"{self.dialect} engine at {url}", {**COMMON_UNKNOWN, **self.unknown}, self.canvas,
                         dict(self.sent), dict(self.not_sent))
 
-    def check(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
+    def check_inputs(self, model, prompt, knobs, context=None, image=None, advanced=None) -> None:
         check_turn(prompt, knobs)
         if not prompt.strip():
             raise InputError("prompt", "prompt is empty; type a prompt")
@@ -116,10 +117,14 @@ class TextBackend:
 
     def run(self, model, prompt, knobs, *, context=None, image=None, on_frame=None, should_cancel=None,
             advance_context=False, advanced=None) -> RunResult:
-        self.check(model, prompt, knobs, context, image, advanced)
+        return self.run_one(self.check(model, prompt, knobs, context, image, advanced), on_frame, should_cancel)
+
+    def run_one(self, req: Checked, on_frame=None, should_cancel=None) -> RunResult:
+        model, prompt, knobs = req.model, req.prompt, req.knobs
         stream = TextStream(model, knobs, on_frame, self.most_blocks(knobs), self.committed)
         try:
-            for chunk in self.remote.stream(CHAT, self.body(model, prompt, knobs, image), should_cancel):
+            for chunk in self.remote.stream(CHAT, self.body(model, prompt, knobs, req.options["image"]),
+                                            should_cancel):
                 self.take(stream, chunk)
         except Interrupted:
             raise Cancelled(len(stream.frames)) from None

@@ -63,7 +63,7 @@ def parse(argv):
     p.add_argument("--token-env", default="DGEMMA_SERVE_TOKEN", help="environment variable holding the token")
     p.add_argument("--device", default="auto", help="auto, cuda or cpu")
     p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
-    p.add_argument("--quant", default="none", help="none or autoround")
+    p.add_argument("--quant", default="auto", help="auto, none, autoround, 4bit or 8bit (see the Loader's quant)")
     p.add_argument("--max-queue", type=int_in(0, None), default=8, help="requests waiting behind the running one")
     p.add_argument("--max-body-mb", type=int_in(1, 1024), default=64, help="largest request body in MiB (1-1024)")
     p.add_argument("--allowed-host", action="append", type=host_arg, default=[], metavar="NAME",

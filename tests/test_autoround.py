@@ -48,8 +48,10 @@ def quantized(source: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def int4_dir():
-    torch.set_num_threads(1)
-    return quantized(checkpoint("random"), "random")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # for this module's tests only: the rest of the session keeps its threads
+    yield quantized(checkpoint("random"), "random")
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -5,18 +5,26 @@ from __future__ import annotations
 import html
 import json
 import re
+from types import SimpleNamespace
 
 import fakecomfy
 import pytest
+import torch
 from conftest import REPO
 from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, WEB_DIRECTORY
+from diffusiongemma.dgemma.images import Asked, render_images
+from diffusiongemma.dgemma.tokens import frame_texts
 from diffusiongemma.nodes import host
+from diffusiongemma.nodes.decide import DECIDE_OUTPUTS
 from diffusiongemma.nodes.loader import model_choices
+from diffusiongemma.nodes.sampler import SAMPLER_OUTPUTS
+from diffusiongemma.nodes.schema import Output
 
 Loader, Sampler, Denoise = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaLoader", "DGemmaSampler", "DGemmaDenoise"))
 Encode, Trace, RunLog = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaEncode", "DGemmaTrace", "DGemmaRunLogWriter"))
+Advanced, Decide = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"], NODE_CLASS_MAPPINGS["DGemmaDecide"]
 KNOBS = dict(seed=3, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.005,
              gen_length=32, thinking=False)
 
@@ -44,6 +52,30 @@ def test_registry_keeps_the_original_names_and_documents_every_socket():
                               "confidence", "gen_length", "thinking"]
     assert required["seed"][1]["max"] == 2**64 - 1 and required["num_inference_steps"][1]["default"] == 48
     assert list(Loader.INPUT_TYPES()["required"]) == ["quant"]
+
+
+# Saved workflows link outputs by slot: a slot keeps its name (pinned above) and its row's getter reads what
+# that name says, so a socket that moved, or a getter that reads another field, fails here.
+READS = {"text": "text", "canvas_state": "state", "canvas_trace": "trace", "run_config": "config",
+         "kv_cache": "context"}
+DECIDE_NAMES = ("choice", "probabilities", "chart", "trace", "canvas_state", "canvas_trace", "frames", "run_config")
+
+
+def test_every_output_slot_reads_what_its_name_says():
+    result = SimpleNamespace(**{field: f"<{field}>" for field in READS.values()})
+    for node in (Sampler, Denoise, Advanced):
+        assert node.RETURN_NAMES[:6] == Sampler.RETURN_NAMES and node.RETURN_NAMES[6:] == (
+            ("kv_cache",) if node is Denoise else ())
+        assert tuple(row.name for row in node.OUTPUTS) == node.RETURN_NAMES
+        assert node.ON_DEMAND == ("frames", "images")
+        for slot, row in enumerate(node.OUTPUTS):
+            if not row.on_demand:
+                assert row.get(None, result) == f"<{READS[row.name]}>", (node.__name__, slot, row.name)
+    assert Decide.RETURN_NAMES == DECIDE_NAMES
+    decision = SimpleNamespace(choice="<choice>", run=result)
+    model = SimpleNamespace(token_strings=())
+    for slot, name in ((0, "choice"), (4, "state"), (5, "trace"), (7, "config")):
+        assert DECIDE_OUTPUTS[slot].get(model, decision) == f"<{name}>", slot
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +113,20 @@ def test_sampler_outputs_match_their_declaration(demo):
     assert len(frames) == len(trace) == images.shape[0] == state.steps_used > 1
     assert frames[-1].startswith("seven<turn|><eos>")
     assert config.knobs.seed == 3 and config.model_source == demo.source
+    assert frames == frame_texts(trace, demo.token_strings)  # the on-demand slots, made: what their names say
+    assert torch.equal(images, render_images(trace, demo.token_strings, Asked.of("What is 3+4?", None)))
+
+
+def test_a_new_output_socket_is_one_row(demo):
+    """The recipe of docs/architecture.md ("An output socket"), followed for a toy output."""
+    row = Output("STRING", "steps_used", "Steps the run took.", False, lambda call, result: str(len(result.trace)))
+
+    class Toy(Sampler):
+        OUTPUTS = SAMPLER_OUTPUTS + (row,)
+
+    out, _ = call(Toy, model=demo, prompt="What is 3+4?", **KNOBS)
+    assert Toy.RETURN_NAMES == (*Sampler.RETURN_NAMES, "steps_used") and Toy.ON_DEMAND == Sampler.ON_DEMAND
+    assert out[0] == "seven" and out[6] == str(len(out[2])) == str(out[1].steps_used)
 
 
 def test_denoise_without_a_cache_is_the_sampler(demo):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.threads import compute_threads
 from diffusiongemma.dgemma.versions import _release
 
 pytestmark = [
@@ -45,9 +46,11 @@ def pipeline_run(dm, prompt: str, knobs: Knobs, eos_stop: bool):
         return {}
 
     pipe = DiffusionGemmaPipeline(model=dm.model, scheduler=scheduler, processor=dm.processor)
-    out = pipe(prompt=prompt, gen_length=knobs.gen_length, num_inference_steps=knobs.num_inference_steps,
-               confidence_threshold=knobs.confidence or None, generator=torch.Generator().manual_seed(knobs.seed),
-               eos_early_stop=eos_stop, output_type="seq", callback_on_step_end=on_step)
+    with compute_threads(dm.model):  # the engine's thread count, so both sum in the same order
+        out = pipe(prompt=prompt, gen_length=knobs.gen_length, num_inference_steps=knobs.num_inference_steps,
+                   confidence_threshold=knobs.confidence or None,
+                   generator=torch.Generator().manual_seed(knobs.seed),
+                   eos_early_stop=eos_stop, output_type="seq", callback_on_step_end=on_step)
     return out.sequences[0].tolist(), canvases, accepted
 
 

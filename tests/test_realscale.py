@@ -105,6 +105,16 @@ TABLE = {
     80: {32: ("gpu", "gpu"), 64: ("gpu", "gpu"), 128: ("gpu", "gpu")},
     141: {32: ("gpu", "gpu"), 64: ("gpu", "gpu"), 128: ("gpu", "gpu")},
 }
+# card GiB -> what quant auto picks for the bf16 checkpoint, per RAM size: (mode, where)
+AUTO = {
+    12: {32: ("4bit", "cpu"), 64: ("none", "split"), 128: ("none", "split")},
+    16: {32: ("4bit", "cpu"), 64: ("none", "split"), 128: ("none", "split")},
+    24: {32: ("4bit", "gpu"), 64: ("4bit", "gpu"), 128: ("4bit", "gpu")},
+    32: {32: ("8bit", "gpu"), 64: ("8bit", "gpu"), 128: ("8bit", "gpu")},
+    48: {32: ("8bit", "gpu"), 64: ("8bit", "gpu"), 128: ("8bit", "gpu")},
+    80: {32: ("none", "gpu"), 64: ("none", "gpu"), 128: ("none", "gpu")},
+    141: {32: ("none", "gpu"), 64: ("none", "gpu"), 128: ("none", "gpu")},
+}
 
 
 def machine(card: int, ram: int) -> dict:
@@ -112,22 +122,34 @@ def machine(card: int, ram: int) -> dict:
     return dict(vram=int((card - 0.4) * GIB), total_vram=card * GIB, ram=(ram - 3) * GIB)
 
 
-def needs(quant: str):
-    weights = INT4 if quant == "autoround" else BF16
-    return deviceplan.need_for(weights, TEXT, 256, quant)  # no shared copies: a tuned checkpoint's worst case
+def all_needs(stored: str = "none") -> dict:
+    """Every mode's Need at the real geometry, as the loader works them out for the bf16 (or INT4) checkpoint."""
+    from diffusiongemma.dgemma import quant_at_load
+
+    shape = quant_at_load.geometry(rs.real_config())
+    step = deviceplan.step_bytes(TEXT, 256, deviceplan.LOAD_CONTEXT)
+    made = {q: deviceplan.made_need(BF16, sum(shape.quantized), shape.packed_bytes(q), shape.dense_numel,
+                                    max(shape.quantized), step, 2,
+                                    deviceplan.logit_bytes(TEXT, 256)) for q in ("4bit", "8bit")}
+    # no shared copies: a tuned checkpoint's worst case
+    return deviceplan.need_for(INT4 if stored == "autoround" else BF16, TEXT, 256, stored, 0, made)
+
+
+def placed(p) -> str:
+    return "gpu" if p.device_map == {"": 0} else "split" if p.device_map == "sequential" else p.device
 
 
 def where(card: int, ram: int, quant: str, device: str = "auto"):
-    need, twin = needs(quant)
+    needs = all_needs("autoround" if quant == "autoround" else "none")
     try:
-        p = deviceplan.plan(need, device, quant=quant, twin=twin, **machine(card, ram))
+        p = deviceplan.plan(needs[quant], device, quant=quant, others=needs, **machine(card, ram))
     except deviceplan.Refusal as exc:
         return "refused", exc
-    return ("gpu" if p.device_map == {"": 0} else "split" if p.device_map == "auto" else p.device), p
+    return placed(p), p
 
 
 def test_the_table_covers_every_card_and_ram():
-    assert set(TABLE) == set(CARDS) and all(set(row) == set(RAMS) for row in TABLE.values())
+    assert set(TABLE) == set(CARDS) == set(AUTO) and all(set(row) == set(RAMS) for row in TABLE.values())
 
 
 @pytest.mark.parametrize("card", CARDS)
@@ -146,8 +168,24 @@ def test_device_plan_at_full_geometry(card, ram):
 
 @pytest.mark.parametrize("card", CARDS)
 @pytest.mark.parametrize("ram", RAMS)
+def test_auto_picks_the_best_mode_that_fits_each_card(card, ram):
+    p = deviceplan.choose(all_needs(), ("none", "8bit", "4bit"), "auto", **machine(card, ram))
+    assert (p.quant, placed(p)) == AUTO[card][ram]
+    if placed(p) == "gpu":
+        assert all(where(card, ram, q, "cuda")[0] == "refused" for q in ("none", "8bit", "4bit")
+                   if ("none", "8bit", "4bit").index(q) < ("none", "8bit", "4bit").index(p.quant))
+
+
+def test_a_split_names_the_mode_that_runs_whole():
+    got, p = where(24, 64, "none")
+    assert got == "split" and "quant 4bit runs whole on this GPU (17.3 GiB)" in p.note
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize("ram", RAMS)
 @pytest.mark.parametrize("quant, device", [("none", "auto"), ("none", "cuda"), ("autoround", "auto"),
-                                           ("autoround", "cuda"), ("none", "cpu"), ("autoround", "cpu")])
+                                           ("autoround", "cuda"), ("none", "cpu"), ("autoround", "cpu"),
+                                           ("4bit", "cuda"), ("8bit", "auto"), ("4bit", "cpu")])
 def test_every_refusal_names_routes_that_work_on_that_card(card, ram, quant, device):
     got, detail = where(card, ram, quant, device)
     if got != "refused":
@@ -157,7 +195,7 @@ def test_every_refusal_names_routes_that_work_on_that_card(card, ram, quant, dev
     assert detail.routes[-1].quant == "remote"
     for route in detail.routes[:-1]:
         assert f"quant {route.quant} with device {route.device}" in text
-        assert "s per step" in route.cost if route.device != "cuda" else "whole on the GPU" in route.cost
+        assert "s per step" in route.cost if route.device != "cuda" else "whole on the GPU in" in route.cost
         assert (route.quant, route.device) != (quant, device)
         assert where(card, ram, route.quant, route.device)[0] != "refused", route
 
@@ -168,14 +206,32 @@ def test_a_24_gb_card_is_told_what_works_not_to_free_memory_it_does_not_have():
     assert got == "refused" and "free GPU memory" not in text
     assert "cannot be split between GPU and CPU" in text and "a 24.0 GiB card" in text
     assert [(r.quant, r.device) for r in detail.routes] == [
-        ("autoround", "cpu"), ("none", "auto"), ("none", "cpu"), ("remote", "")]
-    assert "over PCIe every step" in detail.routes[1].cost
+        ("none", "auto"), ("none", "cpu"), ("8bit", "cpu"), ("4bit", "cuda"), ("4bit", "cpu"), ("autoround", "cpu"),
+        ("remote", "")]
+    assert "over PCIe every step" in detail.routes[0].cost
+    assert "quant 4bit with device cuda (whole on the GPU in 17.3 GiB)" in text
+
+
+def test_a_card_too_small_for_every_mode_is_sent_to_a_remote_engine():
+    small = dict(vram=int(7.6 * GIB), total_vram=8 * GIB, ram=13 * GIB)
+    with pytest.raises(deviceplan.Refusal) as caught:
+        deviceplan.choose(all_needs(), ("none", "8bit", "4bit"), "auto", **small)
+    text = str(caught.value)
+    assert [r.quant for r in caught.value.routes] == ["remote"]
+    assert "none 50.1 GiB, 8bit 27.7 GiB, 4bit 17.3 GiB" in text and "a 8.0 GiB card" in text
+    assert "a remote engine (`python -m serve` on a bigger GPU" in text
 
 
 def test_int4_fits_a_32_gb_card_with_the_step_it_runs():
-    need, _ = needs("autoround")
+    need = all_needs("autoround")["autoround"]
     assert need.peak < 31 * GIB < need.peak + deviceplan.CUDA_RESERVE + GIB
     assert where(32, 64, "autoround")[0] == "gpu"
+
+
+def test_the_modes_made_at_load_fit_their_cards_at_a_real_step():
+    needs = all_needs()
+    assert needs["4bit"].peak + deviceplan.CUDA_RESERVE < 20 * GIB  # a 24 GB card with a desktop on it
+    assert needs["8bit"].peak + deviceplan.CUDA_RESERVE < 30 * GIB  # a 32 GB card
 
 
 def test_kv_cache_per_context_token_at_the_real_geometry():
