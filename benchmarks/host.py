@@ -94,7 +94,8 @@ class Clocks:
 
 def timed_run(dm, calls: DeviceCalls | None) -> tuple[Clocks, Events, int]:
     """One measured Sampler run after a warm-up: its clocks, events and steps."""
-    sampler_call(dm, [PROMPT], [3], STEPS, dm.canvas_length)  # warm-up, and the fused step's one check of the draw
+    with Events():  # warm-up: the fused step's one check of the draw, the model's string tables for the events
+        sampler_call(dm, [PROMPT], [3], STEPS, dm.canvas_length)
     clocks = Clocks(calls)
     for owner, name, clock, phase in (
             (run, "drive", "loop", "loop"), (run, "_launch", "once", "once"), (run, "_result", "once", "once"),

@@ -1,7 +1,6 @@
-"""Whether the engine takes its fast path: the entropy-bound step fused on the device (dgemma/batch_step.py) and,
-on CUDA, the decoder's forward replayed from a recorded graph (dgemma/graphs.py). Both give the eager path's
-very tokens; DGEMMA_FAST=0 in the environment, or `eager()` around a run, takes the eager path (diffusers'
-own step, every forward launched from Python), for parity checks."""
+"""Whether the engine takes its fast path: the entropy-bound step fused on the device (dgemma/batch_step.py),
+which gives diffusers' very tokens. DGEMMA_FAST=0 in the environment, or `eager()` around a run, takes the
+eager path (diffusers' own step), for parity checks (decision 0030)."""
 
 from __future__ import annotations
 
