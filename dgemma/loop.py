@@ -13,6 +13,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .cache import encode_ids, input_device
@@ -21,6 +22,7 @@ from .guide import UNCONSTRAINED
 from .knobs import Knobs, num_blocks
 from .pins import Pins
 from .schedulers import Scheduling
+from .stepcopy import StepCopy
 from .threads import with_compute_threads
 from .trace import Frame, Recorder
 from .versions import cache_kw
@@ -41,9 +43,10 @@ class AdaptiveStop:
         self.history = torch.full((STABILITY_STEPS, *canvas.shape), -1, dtype=torch.long, device=device)
 
     def apply(self, canvas, logits, entropy):
-        """(canvas after the stop, per-position mask of what the stop committed, block done?)."""
+        """(canvas after the stop, per-position mask of what the stop committed, block done?). Whether the block
+        is done stays on the device (a 0-dim bool; None when the stop is off): the step's copy reads it."""
         if self.confidence <= 0:
-            return canvas, torch.zeros_like(canvas, dtype=torch.bool), False
+            return canvas, torch.zeros_like(canvas, dtype=torch.bool), None
         nxt = torch.where(self.frozen[:, None], self.argmax, logits.argmax(dim=-1))
         stable = (self.history == nxt[None]).all(dim=-1).all(dim=0)
         self.history = torch.roll(self.history, shifts=-1, dims=0)
@@ -51,7 +54,7 @@ class AdaptiveStop:
         self.frozen = self.frozen | (stable & (entropy.mean(-1) < self.confidence))
         self.argmax = nxt
         committed = self.frozen[:, None].expand_as(canvas)
-        return torch.where(committed, self.argmax, canvas), committed, bool(self.frozen.all())
+        return torch.where(committed, self.argmax, canvas), committed, self.frozen.all()
 
     def copy(self, confidence: float) -> AdaptiveStop:
         """An independent copy (apply only rebinds its tensors) with the knob now in force."""
@@ -102,7 +105,7 @@ def step_entropy(logits, scheduler_entropy, confidence: float):
     as a bf16 entropy could tip the stop.
     """
     if scheduler_entropy is None or (confidence > 0 and logits.dtype != torch.float32):
-        return torch.distributions.Categorical(logits=logits.float()).entropy()
+        return torch.distributions.Categorical(logits=logits.float(), validate_args=False).entropy()
     return scheduler_entropy
 
 
@@ -132,10 +135,12 @@ class BlockDecoder:
         """Positions and attention mask of the block after what the cache holds."""
         start = self.cache.get_seq_length()
         self.positions = torch.arange(start, start + self.L, device=self.device).unsqueeze(0)
+        # Nothing is padded: a growing cache takes no mask (an all-true one would be read on the host to see that)
+        keys = None if not self.cache.is_compileable else torch.ones((1, start + self.L), dtype=torch.bool,
+                                                                      device=self.device)
         self.mask = self.decoder.create_diffusion_decoder_attention_mask(
             config=self.config, inputs_embeds=torch.empty((1, self.L, 0), device=self.device),
-            decoder_attention_mask=torch.ones((1, start + self.L), dtype=torch.bool, device=self.device),
-            **{self.mask_kw: self.cache})
+            decoder_attention_mask=keys, **{self.mask_kw: self.cache})
 
     def logits(self, canvas, self_cond):
         return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_cond,
@@ -176,6 +181,9 @@ class Lane:
         self.knobs, self.generator, self.recorder = knobs, generator, recorder
         self.on_frame, self.encode_last = on_frame, encode_last
         self.eos = torch.tensor(eos_ids, device=self.decoder.device)
+        self.eos_host = np.asarray(eos_ids, dtype=np.int64)
+        self.copy = StepCopy(self.decoder.device)
+        self.last_ids = None  # the host ids of the block's last step
         self.done: list[torch.Tensor] = list(self.plan.resume.done) if self.plan.resume else []
         self.first = self.plan.resume.block if self.plan.resume else 0
         self.blocks = num_blocks(knobs.gen_length, self.decoder.L)
@@ -208,7 +216,7 @@ class Lane:
         self.pins = self.plan.pins.for_block(self.block, d.L, d.device) if self.plan.pins is not None else None
         canvas, self.self_cond, self.stop, self.step = _open_block(d, self.plan, self.block, self.first, self.done,
                                                                    self.knobs, self.stepper, self.generator)
-        self.canvas, self.stopped, self.in_block = _pin(canvas, self.pins), False, True
+        self.canvas, self.stopped, self.in_block, self.last_ids = _pin(canvas, self.pins), False, True, None
 
     def advance(self, logits, out=None) -> None:
         """One step of the block from the decoder's logits for this lane's canvas (`out`: the scheduler's
@@ -222,21 +230,31 @@ class Lane:
         canvas = _pin(canvas, pins)
         pinned = None if pins is None else pins[0]
         canvas, constrained = self.guide.apply(self.block, self.done, canvas, out.committed | by_stop, self_cond,
-                                               pinned, stopped or step == self.stepper.steps - 1)
-        frame = self.recorder.add(self.block, step, canvas, out.committed, by_stop, entropy, pinned, constrained)
+                                               pinned, self._last(step, stopped))
+        host = self.copy.take(canvas, out.committed, by_stop, entropy, pinned, constrained, stopped)  # the one wait
+        frame = self.recorder.add_host(self.block, step, *host.arrays)
         if self.capture is not None:
             self.capture.add(self.block, logits, canvas, frame.committed)
         if self.on_frame is not None:
             self.on_frame(frame)
-        self.canvas, self.self_cond, self.stopped, self.step = canvas, self_cond, stopped, step + 1
-        if stopped:
+        self.canvas, self.self_cond, self.stopped, self.step = canvas, self_cond, host.stopped, step + 1
+        self.last_ids = frame.ids
+        if host.stopped:
             self._end_block()
+
+    def _last(self, step: int, stopped) -> bool:
+        """Whether the step ends its block, for the guide (which fills the whole canvas then); only a constrained
+        step reads the stop's device flag here, as the guide ignores it otherwise."""
+        if step == self.stepper.steps - 1:
+            return True
+        return self.guide is not UNCONSTRAINED and stopped is not None and bool(stopped)
 
     def _end_block(self) -> None:
         self.self_cond, self.in_block = None, False
         self.recorder.end_block(self.stopped)
         self.done.append(self.canvas)
-        if torch.isin(self.canvas, self.eos).any():
+        ids = self.last_ids  # the canvas as its last step brought it to the host; else read it now
+        if np.isin(ids, self.eos_host).any() if ids is not None else bool(torch.isin(self.canvas, self.eos).any()):
             self._finish()
 
     def _pause(self) -> None:

@@ -142,6 +142,11 @@ class EntropyBound(SchedulerAdapter):
         return c.t_min + (c.t_max - c.t_min) * self.position(step)
 
     def step(self, logits, step, canvas, generator, forward):
+        from .batch_step import fused_step  # imports this module
+
+        fused = fused_step(self.impl, logits, step, generator)  # the same tokens, on the device, with no wait
+        if fused is not None:
+            return fused
         out, entropy = step_with_entropy(self.impl, logits, step, canvas, generator)
         return StepOutput(out.prev_sample, out.accepted_index, out.pred_logits, entropy.float())
 

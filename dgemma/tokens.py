@@ -7,6 +7,8 @@ import re
 import threading
 import weakref
 
+import numpy as np
+
 from .errors import InputError
 
 _BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -31,9 +33,31 @@ def display_strings(tokenizer, vocab_size: int) -> tuple[str, ...]:
     return tuple(_display(p) for p in pieces)
 
 
+_TABLES: dict = {}  # (id of a strings tuple, transform) -> (the tuple, its table); a few models' worth
+
+
+def string_table(token_strings, transform=None):
+    """The per-id strings (each through `transform`) as a numpy object array, which an array of ids indexes in
+    one call; made once per table. None for a table that is not a tuple (a remote text engine's pieces)."""
+    if not isinstance(token_strings, tuple):
+        return None
+    key = (id(token_strings), transform)
+    found = _TABLES.get(key)
+    if found is None or found[0] is not token_strings:
+        table = np.empty(len(token_strings), dtype=object)
+        table[:] = token_strings if transform is None else [transform(s) for s in token_strings]
+        if len(_TABLES) >= 8:
+            _TABLES.clear()
+        found = _TABLES[key] = (token_strings, table)
+    return found[1]
+
+
 def frame_texts(trace, token_strings) -> list[str]:
     """One raw string per step: the canvas joined from per-id strings, no decoding per frame."""
-    return ["".join(token_strings[i] for i in row) for row in trace.ids.tolist()]
+    table = string_table(token_strings)
+    if table is None:
+        return ["".join(map(token_strings.__getitem__, row)) for row in trace.ids.tolist()]
+    return ["".join(row) for row in table[trace.ids].tolist()]
 
 
 def _renderer(tokenizer, processor):

@@ -8,6 +8,7 @@ nothing that scales with the vocabulary.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,8 +34,8 @@ class Frame:
     pinned: np.ndarray | None = None  # held by a pin (also counted in `committed`)
     constrained: np.ndarray | None = None  # changed by the constraint from the step's own token
 
-    @property
-    def committed_fraction(self) -> float:
+    @functools.cached_property
+    def committed_fraction(self) -> float:  # read by the step event and the progress text
         return float(self.committed.mean())
 
 
@@ -255,27 +256,26 @@ class Recorder:
             self.knob_sets.append(values)
 
     def add(self, block: int, step: int, canvas, committed, stop, entropy, pinned=None, constrained=None) -> Frame:
-        """Capture batch row 0 of one step's tensors; returns the frame for live consumers.
+        """Capture batch row 0 of one step's tensors (each read on the host on its own); returns the frame.
 
         `committed` is the scheduler's mask, `stop` what the adaptive stop committed on top of it,
         `pinned` what a pin holds (counted as committed), `constrained` what a constraint changed.
         """
-        ids = canvas[0].to("cpu", copy=True).numpy().astype(np.int32)
-        by_stop = stop[0].to("cpu").numpy().astype(bool)
-        scheduler = committed[0].to("cpu").numpy().astype(bool)
-        done, by_stop = scheduler | by_stop, by_stop & ~scheduler
-        pin = None
+        host = lambda t, dtype: None if t is None else t[0].to("cpu").numpy().astype(dtype)
+        return self.add_host(block, step, host(canvas, np.int32), host(committed, bool), host(stop, bool),
+                             host(entropy, np.float16), host(pinned, bool), host(constrained, bool))
+
+    def add_host(self, block: int, step: int, ids, committed, stop, entropy, pinned=None, constrained=None) -> Frame:
+        """`add` from host arrays of row 0 that the recorder keeps (int32 ids, bool masks, float16 entropy)."""
+        done, by_stop = committed | stop, stop & ~committed
         if pinned is not None:
-            pin = pinned[0].to("cpu").numpy().astype(bool)
-            done, by_stop = done | pin, by_stop & ~pin
-        ent = entropy[0].to("cpu").numpy().astype(np.float16)
+            done, by_stop = done | pinned, by_stop & ~pinned
         t, temperature = self.clock.position(step), self.clock.temperature(step)
-        changed = None if constrained is None else constrained[0].to("cpu").numpy().astype(bool)
-        self._rows.append(Row(block, step, ids, np.packbits(done), ent, np.packbits(by_stop),
-                              None if pin is None else np.packbits(pin), t, temperature, len(self.knob_sets) - 1,
-                              None if changed is None else np.packbits(changed)))
-        return Frame(block, step, t, temperature, _frozen(ids), _frozen(done), _frozen(ent), _frozen(by_stop),
-                     None if pin is None else _frozen(pin), None if changed is None else _frozen(changed))
+        self._rows.append(Row(block, step, ids, np.packbits(done), entropy, np.packbits(by_stop),
+                              None if pinned is None else np.packbits(pinned), t, temperature,
+                              len(self.knob_sets) - 1, None if constrained is None else np.packbits(constrained)))
+        return Frame(block, step, t, temperature, _frozen(ids), _frozen(done), _frozen(entropy), _frozen(by_stop),
+                     None if pinned is None else _frozen(pinned), None if constrained is None else _frozen(constrained))
 
     def end_block(self, stopped_early: bool) -> None:
         self.stopped_early.append(stopped_early)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..dgemma.caption import Caption
 from ..dgemma.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, position_states
+from ..dgemma.tokens import string_table
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON
@@ -24,6 +25,16 @@ MAX_PROGRESS_TEXT = 160  # characters of the answer in the node's progress text
 
 def _piece(text: str) -> str:
     return text if len(text) <= MAX_PIECE else text[:MAX_PIECE - 1] + "…"
+
+
+def _lookup(token_strings, ids, transform=None) -> np.ndarray:
+    """The strings of `ids` (each through `transform`) as an object array: one indexing of the model's table."""
+    table = string_table(token_strings, transform)
+    if table is not None:
+        return table[ids]
+    out = np.empty(len(ids), dtype=object)
+    out[:] = [token_strings[i] if transform is None else transform(token_strings[i]) for i in ids.tolist()]
+    return out
 
 
 def step_states(frame, previous) -> str:
@@ -38,7 +49,7 @@ def step_states(frame, previous) -> str:
 
     states = position_states(np.stack([f.ids for f in rows]), np.stack([f.committed for f in rows]),
                              np.array([f.block for f in rows]), masks("pinned"), masks("constrained"))[-1]
-    return "".join(map(str, states.tolist()))
+    return (states + ord("0")).astype(np.uint8).tobytes().decode("ascii")  # one digit per position
 
 
 class StepStream:
@@ -71,7 +82,10 @@ class StepStream:
         return event
 
     def _pieces(self, ids) -> str:
-        return "".join(_piece(self.token_strings[i]) for i in ids.tolist())
+        return "".join(self._piece_list(ids))
+
+    def _piece_list(self, ids) -> list[str]:
+        return _lookup(self.token_strings, ids, _piece).tolist()
 
     def _known(self, name: str, value: float) -> float | None:
         return None if name in self.unknown else round(value, 6)
@@ -83,7 +97,7 @@ class StepStream:
             "steps": self.steps, "t": self._known("t", frame.t), "T": self._known("T", frame.temperature),
             "committed": self._known("committed", frame.committed_fraction),
             "caption": Caption.live(frame, self.blocks, self.steps, self.readings).text(),
-            "tokens": [_piece(self.token_strings[i]) for i in frame.ids.tolist()],
+            "tokens": self._piece_list(frame.ids),
             "state": state,
         }
         self.previous = frame
@@ -93,9 +107,9 @@ class StepStream:
     def progress_text(self, frame) -> str:
         """One step as the short text under the node: its caption, and the committed text so far (a
         position still noise is a dot)."""
-        shown = frame.committed.tolist() if "committed" not in self.unknown else [True] * len(frame.ids)
-        pieces = [self.token_strings[i] if ok else "·" for i, ok in zip(frame.ids.tolist(), shown)]
-        text = "".join(pieces).replace("\n", " ")
+        strings = _lookup(self.token_strings, frame.ids)
+        shown = strings if "committed" in self.unknown else np.where(frame.committed, strings, "·")
+        text = "".join(shown.tolist()).replace("\n", " ")
         if len(text) > MAX_PROGRESS_TEXT:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
         return f"{Caption.live(frame, self.blocks, self.steps, self.readings).text()}\n{text}"

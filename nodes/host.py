@@ -8,16 +8,28 @@ from __future__ import annotations
 
 import html
 import os
+import sys
 import time
 from pathlib import Path
 
 MODEL_FOLDER = "diffusiongemma"
 
 
+_absent: set[str] = set()  # modules not found: an import that fails searches every path again (per step)
+
+
 def comfy(module: str):
+    found = sys.modules.get(module)
+    if found is not None:
+        return found
+    if module in _absent:
+        return None
     try:
         return __import__(module, fromlist=["_"])
-    except Exception:  # ComfyUI absent (or broken): degrade to no-ops
+    except ModuleNotFoundError:  # ComfyUI absent: degrade to no-ops
+        _absent.add(module)
+        return None
+    except Exception:  # ComfyUI broken: degrade to no-ops
         return None
 
 
@@ -89,13 +101,15 @@ class ProgressText:
     def __init__(self, node_id):
         self.node_id, self.last = node_id, float("-inf")
 
-    def show(self, text: str, force: bool = False) -> None:
+    def show(self, text, force: bool = False) -> None:
+        """Show `text` (or what the callable `text` makes, made only when it is shown)."""
         instance = _server()
         if instance is None or self.node_id is None or not hasattr(instance, "send_progress_text"):
             return
         now = time.monotonic()
         if force or now - self.last >= self.every:
             self.last = now
+            text = text() if callable(text) else text
             instance.send_progress_text(node_text(text), str(self.node_id), instance.client_id)
 
 

@@ -98,7 +98,7 @@ class LiveRun:
     def frame(self, index, frame) -> None:
         if self.live:
             split = getattr(self.model, "placement_note", "")  # a remote model has no local placement
-            self.note.show(self.stream.progress_text(index, frame) + (f"\n{split}" if split else ""))
+            self.note.show(lambda: self.stream.progress_text(index, frame) + (f"\n{split}" if split else ""))
             host.send(STEP, self.stream.step(index, frame))
         reached = min(frame.block * self.rows[index][1] + frame.step + 1, self.rows[index][0] * self.rows[index][1])
         self.done_steps += reached - self.reached[index]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusiongemma.dgemma import Knobs, generate, patches
+from diffusiongemma.dgemma import Knobs, batch_step, generate, patches
 from diffusiongemma.dgemma.loop import step_entropy
 from diffusiongemma.dgemma.resume import Advanced
 from diffusiongemma.dgemma.schedulers import Scheduling
@@ -34,12 +34,14 @@ def _logits(vocab: int, dtype=torch.float32):
     (0.0, "block_refinement", 1),    # this scheduler computes none: the loop measures it once
 ])
 def test_vocabulary_entropies_per_step(tiny_model, monkeypatch, confidence, scheduler, per_step):
+    knobs = Knobs(seed=1, num_inference_steps=6, gen_length=16, confidence=confidence)
+    generate(tiny_model, "hi", knobs, advanced=Advanced(Scheduling(scheduler)))  # the fused step's one check
     calls = []
-    original = torch.distributions.Categorical.entropy
+    original, fused = torch.distributions.Categorical.entropy, batch_step.entropy_of
     monkeypatch.setattr(torch.distributions.Categorical, "entropy",
                         lambda self: calls.append(self.logits.shape[-1]) or original(self))
-    result = generate(tiny_model, "hi", Knobs(seed=1, num_inference_steps=6, gen_length=16, confidence=confidence),
-                      advanced=Advanced(Scheduling(scheduler)))
+    monkeypatch.setattr(batch_step, "entropy_of", lambda logits: calls.append(logits.shape[-1]) or fused(logits))
+    result = generate(tiny_model, "hi", knobs, advanced=Advanced(Scheduling(scheduler)))
     assert len(calls) == per_step * len(result.trace)
     assert set(calls) == {tiny_model.vocab_size}
 

@@ -1,0 +1,89 @@
+"""A step's record brought to the host in one copy: the step's one wait for the device.
+
+Per step a lane keeps the canvas ids, what the scheduler committed, what the adaptive stop committed on
+top, what a pin holds, what a constraint changed and the entropy (decision 0004), and the loop needs one
+fact back: whether the block stopped. They are packed on the device into one small buffer (about 8
+bytes per position), copied into a host buffer kept for the lane (pinned on CUDA), and read there: the
+recorder's row, the frame and every event are built from host arrays, with no other wait. An entropy
+holding NaN (which only logits holding NaN or infinity give) is refused there.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_HOST: set[int] = set()  # ids of the live host buffers (a tensor cannot be compared in a WeakSet)
+
+
+def is_host(t) -> bool:
+    """Whether `t` is a host buffer a step is copied into (dgemma's own; what a wait counter stops at)."""
+    return id(t) in _HOST
+
+
+def _host_buffer(size: int, device) -> torch.Tensor:
+    buffer = torch.empty((1, size), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    _HOST.add(id(buffer))
+    weakref.finalize(buffer, _HOST.discard, id(buffer))
+    return buffer
+
+
+@dataclass(frozen=True, eq=False)
+class HostStep:
+    """One step on the host: arrays the recorder may keep (each its own copy) and whether the block stopped."""
+
+    ids: np.ndarray          # (L,) int32
+    committed: np.ndarray    # (L,) bool: the scheduler's own mask
+    stop: np.ndarray         # (L,) bool: what the adaptive stop committed
+    entropy: np.ndarray      # (L,) float16
+    pinned: np.ndarray | None
+    constrained: np.ndarray | None
+    stopped: bool
+
+    @property
+    def arrays(self) -> tuple:
+        """What `Recorder.add_host` takes after the block and step."""
+        return self.ids, self.committed, self.stop, self.entropy, self.pinned, self.constrained
+
+
+class StepCopy:
+    """A lane's host copies, one buffer per layout (which optional masks a step has), reused every step."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.buffers: dict[tuple, tuple[torch.Tensor, np.ndarray]] = {}
+
+    def take(self, canvas, committed, stop, entropy, pinned=None, constrained=None, stopped=None) -> HostStep:
+        """Batch row 0 of one step's (1, L) tensors on the host; `stopped` is the stop's device flag (None: it
+        cannot stop). Raises when the entropy holds NaN: nothing can be drawn from such logits."""
+        masks = [m for m in (committed, stop, pinned, constrained) if m is not None]
+        pieces = [canvas[:1].to(torch.int32).view(torch.uint8), entropy[:1].to(torch.float16).view(torch.uint8),
+                  torch.cat([m[:1] for m in masks], dim=-1).to(torch.bool).view(torch.uint8)]
+        if stopped is not None:
+            pieces.append(stopped.reshape(1, 1).view(torch.uint8))
+        packed = torch.cat(pieces, dim=-1)
+        size = packed.numel()
+        key = (size, pinned is not None, constrained is not None, stopped is not None)
+        if key not in self.buffers:
+            buffer = _host_buffer(size, self.device)
+            self.buffers[key] = (buffer, buffer.numpy()[0])
+        buffer, view = self.buffers[key]
+        buffer.copy_(packed)  # blocking: the step's one wait
+        return _read(view, (size - (stopped is not None)) // (6 + len(masks)), *key[1:])
+
+
+def _read(view: np.ndarray, length: int, has_pin: bool, has_constraint: bool, has_stop: bool) -> HostStep:
+    at = 6 * length
+    ids = view[:4 * length].view(np.int32).copy()
+    entropy = view[4 * length:at].view(np.float16).copy()
+    if np.isnan(entropy).any():
+        raise FloatingPointError("the model's logits hold NaN or infinity, so no token can be drawn from them "
+                                 "(often a float16 overflow): load the model in bfloat16 or float32")
+    masks = []
+    for present in (True, True, has_pin, has_constraint):
+        masks.append(view[at:at + length].view(np.bool_).copy() if present else None)
+        at += length if present else 0
+    return HostStep(ids, masks[0], masks[1], entropy, masks[2], masks[3], bool(view[at]) if has_stop else False)

@@ -1,0 +1,87 @@
+"""The calls of a run that would make the host wait for a CUDA device, counted on any device, and the time
+spent inside torch calls (a TorchFunctionMode sees every torch call made from Python).
+
+A call waits when the host needs its result: a tensor read as a Python value (`item`, `tolist`, `bool`,
+`int`, `float`, `numpy`, `equal`), a copy to the host that blocks, or an op whose output size depends on
+the data (`nonzero`, boolean-mask indexing, `unique`...). On the CPU nothing waits, so every tensor counts
+as the device's except the engine's host buffers (dgemma/stepcopy.py), where a step's one wait ends.
+Waits inside torch (a kernel's own synchronisation) are not seen: only what Python asks for.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..dgemma.stepcopy import is_host
+
+READS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__", "equal",
+         "allclose", "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
+INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}
+
+
+def _device(t) -> bool:
+    return isinstance(t, torch.Tensor) and not is_host(t)
+
+
+def _bool_index(index) -> bool:
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
+
+
+def _to_host(args, kwargs) -> bool:
+    """Whether a `to(...)` moves a device tensor to the host, blocking. On the CPU a move to the model's device
+    (a `torch.device`, as code that follows a tensor's device passes) is told from one meant for the host
+    (the string "cpu")."""
+    if kwargs.get("non_blocking") or (len(args) > 2 and isinstance(args[2], bool) and args[2]):
+        return False
+    on_cpu = args[0].device.type == "cpu"
+    targets = [t for t in (kwargs.get("device"), *args[1:2]) if isinstance(t, (str, torch.device))]
+    return any(isinstance(t, str) and t == "cpu" if on_cpu else torch.device(t).type == "cpu" for t in targets)
+
+
+def waits(func, args, kwargs) -> bool:
+    """Whether this torch call would make the host wait for the device."""
+    name = getattr(func, "__name__", "")
+    this = args[0] if args else None
+    if name == "copy_":
+        return is_host(this) and _device(args[1]) and not (kwargs.get("non_blocking") or args[2:3] == (True,))
+    if not _device(this):
+        return False
+    if name in READS or name == "cpu":
+        return True
+    if name == "to" and args:
+        return _to_host(args, kwargs)
+    if name in INDEXING:
+        return len(args) > 1 and _bool_index(args[1])
+    return False
+
+
+class DeviceCalls(TorchFunctionMode):
+    """Counts waits, calls and (`timed`) the seconds of this thread inside torch calls, per phase (`phase` names
+    where the run is: a benchmark's wrappers set it). `names[phase]` counts which calls waited."""
+
+    def __init__(self, timed: bool = False):
+        super().__init__()
+        self.timed, self.phase = timed, "engine"
+        self.waits: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+        self.seconds: collections.Counter = collections.Counter()
+        self.names: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if waits(func, args, kwargs):
+            self.waits[self.phase] += 1
+            self.names[self.phase][getattr(func, "__name__", str(func))] += 1
+        self.calls[self.phase] += 1
+        if not self.timed:
+            return func(*args, **kwargs)
+        start = time.thread_time()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.seconds[self.phase] += time.thread_time() - start
