@@ -29,7 +29,7 @@ def comfy(module: str):
     except ModuleNotFoundError:  # ComfyUI absent: degrade to no-ops
         _absent.add(module)
         return None
-    except Exception:  # ComfyUI broken: degrade to no-ops
+    except ImportError:  # a ComfyUI module that cannot be imported here: no-ops too
         return None
 
 
