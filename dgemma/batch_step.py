@@ -103,7 +103,7 @@ def entropy_bound_rows(impls, steps, generators, logits) -> list[StepOutput]:
     device = logits.device
     scaled = _per_value(temperatures, logits, lambda x, t: x / t)
     B, L, V = scaled.shape
-    probs = torch.softmax(scaled.reshape(-1, V).float(), dim=-1)
+    probs = torch.softmax(_float(scaled.reshape(-1, V)), dim=-1)
     noise, renoise = [], []
     for generator in generators:
         noise.append(torch.empty((L, V), dtype=probs.dtype, device=device).exponential_(1, generator=generator))
@@ -114,8 +114,15 @@ def entropy_bound_rows(impls, steps, generators, logits) -> list[StepOutput]:
     within = _per_value(bounds, torch.cumsum(ordered, dim=-1) - ordered, lambda x, b: x <= b)
     accepted = torch.scatter(input=torch.zeros_like(within), dim=-1, index=order, src=within)
     canvas = torch.where(accepted, sampled, renoise[0] if B == 1 else torch.cat(renoise))
-    entropy = entropy.float()
+    entropy = _float(entropy)
+    if B == 1:
+        return [StepOutput(canvas, accepted, scaled, entropy)]
     return [StepOutput(canvas[r:r + 1], accepted[r:r + 1], scaled[r:r + 1], entropy[r:r + 1]) for r in range(B)]
+
+
+def _float(x):
+    """`x.float()` without the call where it is float32 already (each torch call is host time on a GPU)."""
+    return x if x.dtype == torch.float32 else x.float()
 
 
 def steps_together(lanes, logits) -> list:

@@ -41,12 +41,15 @@ class AdaptiveStop:
         self.frozen = torch.zeros(canvas.shape[0], dtype=torch.bool, device=device)
         self.argmax = canvas
         self.history = torch.full((STABILITY_STEPS, *canvas.shape), -1, dtype=torch.long, device=device)
+        self.none = None  # what a stop that is off commits
 
     def apply(self, canvas, logits, entropy):
         """(canvas after the stop, per-position mask of what the stop committed, block done?). Whether the block
         is done stays on the device (a 0-dim bool; None when the stop is off): the step's copy reads it."""
         if self.confidence <= 0:
-            return canvas, torch.zeros_like(canvas, dtype=torch.bool), None
+            if self.none is None or self.none.shape != canvas.shape:
+                self.none = torch.zeros_like(canvas, dtype=torch.bool)  # never written: shared by the steps
+            return canvas, self.none, None
         nxt = torch.where(self.frozen[:, None], self.argmax, logits.argmax(dim=-1))
         stable = (self.history == nxt[None]).all(dim=-1).all(dim=0)
         self.history = torch.roll(self.history, shifts=-1, dims=0)
@@ -229,8 +232,9 @@ class Lane:
         canvas, by_stop, stopped = self.stop.apply(out.canvas, self_cond, entropy)
         canvas = _pin(canvas, pins)
         pinned = None if pins is None else pins[0]
-        canvas, constrained = self.guide.apply(self.block, self.done, canvas, out.committed | by_stop, self_cond,
-                                               pinned, self._last(step, stopped))
+        held = out.committed if stopped is None else out.committed | by_stop  # None: the stop is off
+        canvas, constrained = self.guide.apply(self.block, self.done, canvas, held, self_cond, pinned,
+                                               self._last(step, stopped))
         host = self.copy.take(canvas, out.committed, by_stop, entropy, pinned, constrained, stopped)  # the one wait
         frame = self.recorder.add_host(self.block, step, *host.arrays)
         if self.capture is not None:

@@ -59,9 +59,10 @@ class StepCopy:
     def take(self, canvas, committed, stop, entropy, pinned=None, constrained=None, stopped=None) -> HostStep:
         """Batch row 0 of one step's (1, L) tensors on the host; `stopped` is the stop's device flag (None: it
         cannot stop). Raises when the entropy holds NaN: nothing can be drawn from such logits."""
-        masks = [m for m in (committed, stop, pinned, constrained) if m is not None]
-        pieces = [canvas[:1].to(torch.int32).view(torch.uint8), entropy[:1].to(torch.float16).view(torch.uint8),
-                  torch.cat([m[:1] for m in masks], dim=-1).to(torch.bool).view(torch.uint8)]
+        masks = [_row0(m).to(torch.bool).view(torch.uint8) for m in (committed, stop, pinned, constrained)
+                 if m is not None]
+        pieces = [_row0(canvas).to(torch.int32).view(torch.uint8),
+                  _row0(entropy).to(torch.float16).view(torch.uint8), *masks]
         if stopped is not None:
             pieces.append(stopped.reshape(1, 1).view(torch.uint8))
         packed = torch.cat(pieces, dim=-1)
@@ -73,6 +74,11 @@ class StepCopy:
         buffer, view = self.buffers[key]
         buffer.copy_(packed)  # blocking: the step's one wait
         return _read(view, (size - (stopped is not None)) // (6 + len(masks)), *key[1:])
+
+
+def _row0(t):
+    """Batch row 0 of `t`, without a call where it is the only row (each torch call is host time on a GPU)."""
+    return t if t.shape[0] == 1 else t[:1]
 
 
 def _read(view: np.ndarray, length: int, has_pin: bool, has_constraint: bool, has_stop: bool) -> HostStep:
