@@ -112,7 +112,7 @@ def entropy_bound_rows(impls, steps, generators, logits) -> list[StepOutput]:
     entropy = entropy_of(scaled)
     ordered, order = torch.sort(entropy, dim=-1, descending=False)
     within = _per_value(bounds, torch.cumsum(ordered, dim=-1) - ordered, lambda x, b: x <= b)
-    accepted = torch.scatter(input=torch.zeros_like(within), dim=-1, index=order, src=within)
+    accepted = within.scatter(-1, order, within)  # `order` permutes each row: every position is written
     canvas = torch.where(accepted, sampled, renoise[0] if B == 1 else torch.cat(renoise))
     entropy = _float(entropy)
     if B == 1:

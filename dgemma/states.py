@@ -29,6 +29,17 @@ def position_states(ids: np.ndarray, committed: np.ndarray, blocks: np.ndarray,
     if len(committed) > 1:
         same_block = (blocks[1:] == blocks[:-1])[:, None]
         held[1:] = committed[:-1] & same_block & (ids[1:] == ids[:-1])
+    return _paint(committed, held, pinned, constrained)
+
+
+def step_row_states(ids: np.ndarray, committed: np.ndarray, previous=None, pinned: np.ndarray | None = None,
+                    constrained: np.ndarray | None = None) -> np.ndarray:
+    """(L,) uint8 states of one step; `previous` is (ids, committed) of the block's step before, or None."""
+    held = committed & (previous[0] == ids) & previous[1] if previous is not None else np.zeros_like(committed)
+    return _paint(committed, held, pinned, constrained)
+
+
+def _paint(committed, held, pinned, constrained) -> np.ndarray:
     states = np.full(committed.shape, NOISE, np.uint8)
     states[committed] = NEW
     states[committed & held] = SETTLED

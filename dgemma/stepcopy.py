@@ -59,8 +59,7 @@ class StepCopy:
     def take(self, canvas, committed, stop, entropy, pinned=None, constrained=None, stopped=None) -> HostStep:
         """Batch row 0 of one step's (1, L) tensors on the host; `stopped` is the stop's device flag (None: it
         cannot stop). Raises when the entropy holds NaN: nothing can be drawn from such logits."""
-        masks = [_row0(m).to(torch.bool).view(torch.uint8) for m in (committed, stop, pinned, constrained)
-                 if m is not None]
+        masks = [_bytes(_row0(m)) for m in (committed, stop, pinned, constrained) if m is not None]
         pieces = [_row0(canvas).to(torch.int32).view(torch.uint8),
                   _row0(entropy).to(torch.float16).view(torch.uint8), *masks]
         if stopped is not None:
@@ -79,6 +78,11 @@ class StepCopy:
 def _row0(t):
     """Batch row 0 of `t`, without a call where it is the only row (each torch call is host time on a GPU)."""
     return t if t.shape[0] == 1 else t[:1]
+
+
+def _bytes(mask):
+    """A mask's bytes (a bool tensor is one byte per element already)."""
+    return (mask if mask.dtype == torch.bool else mask.to(torch.bool)).view(torch.uint8)
 
 
 def _read(view: np.ndarray, length: int, has_pin: bool, has_constraint: bool, has_stop: bool) -> HostStep:

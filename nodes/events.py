@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dgemma.caption import Caption
-from ..dgemma.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, position_states
+from ..dgemma.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, step_row_states
 from ..dgemma.tokens import string_table
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
@@ -40,15 +40,10 @@ def _lookup(token_strings, ids, transform=None) -> np.ndarray:
 def step_states(frame, previous) -> str:
     """State digits of `frame`; `previous` is the step before in the same run, or None (also when its canvas
     has another width: a text-only engine's next chunk)."""
-    rows = [frame] if previous is None or previous.ids.shape != frame.ids.shape else [previous, frame]
-    def masks(name):
-        if getattr(frame, name) is None:
-            return None
-        return np.stack([getattr(f, name) if getattr(f, name) is not None else np.zeros_like(f.committed)
-                         for f in rows])
-
-    states = position_states(np.stack([f.ids for f in rows]), np.stack([f.committed for f in rows]),
-                             np.array([f.block for f in rows]), masks("pinned"), masks("constrained"))[-1]
+    before = None
+    if previous is not None and previous.ids.shape == frame.ids.shape and previous.block == frame.block:
+        before = (previous.ids, np.asarray(previous.committed, bool))
+    states = step_row_states(frame.ids, np.asarray(frame.committed, bool), before, frame.pinned, frame.constrained)
     return (states + ord("0")).astype(np.uint8).tobytes().decode("ascii")  # one digit per position
 
 

@@ -132,3 +132,12 @@ def test_frames_say_what_was_asked_and_a_replayed_log_shows_it_too(demo_model, t
             replayed.append(np.asarray(apng.convert("RGB")))
     distinct = [f for i, f in enumerate(shown) if i == 0 or not np.array_equal(f, shown[i - 1])]
     assert np.array_equal(np.stack(replayed), np.stack(distinct))
+
+
+def test_live_states_follow_the_rule_across_blocks(tiny_model):
+    stream = StepStream("7", 2, 12, tiny_model.canvas_length, tiny_model.token_strings)
+    sent = []
+    result = generate(tiny_model, "Hi", Knobs(seed=4, num_inference_steps=12, gen_length=2 * tiny_model.canvas_length),
+                      on_frame=lambda f: sent.append(stream.step(f)))
+    assert len(set(result.trace.blocks.tolist())) == 2
+    assert [e["state"] for e in sent] == ["".join(map(str, row)) for row in result.trace.states().tolist()]
