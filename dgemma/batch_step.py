@@ -103,12 +103,12 @@ def entropy_bound_rows(impls, steps, generators, logits) -> list[StepOutput]:
     device = logits.device
     scaled = _per_value(temperatures, logits, lambda x, t: x / t)
     B, L, V = scaled.shape
-    probs = torch.softmax(_float(scaled.reshape(-1, V)), dim=-1)
+    probs = torch.softmax(_float(scaled), dim=-1)  # row by row over the vocabulary: as diffusers' (B*L, V) view
     noise, renoise = [], []
     for generator in generators:
-        noise.append(torch.empty((L, V), dtype=probs.dtype, device=device).exponential_(1, generator=generator))
+        noise.append(torch.empty((1, L, V), dtype=probs.dtype, device=device).exponential_(1, generator=generator))
         renoise.append(torch.randint(0, V, (1, L), device=device, generator=generator))
-    sampled = torch.argmax(probs / (noise[0] if B == 1 else torch.cat(noise)), dim=-1).view(B, L)
+    sampled = torch.argmax(probs / (noise[0] if B == 1 else torch.cat(noise)), dim=-1)
     entropy = entropy_of(scaled)
     ordered, order = torch.sort(entropy, dim=-1, descending=False)
     within = _per_value(bounds, torch.cumsum(ordered, dim=-1) - ordered, lambda x, b: x <= b)
