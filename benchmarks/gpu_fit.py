@@ -1,7 +1,7 @@
 """The real geometry quantized (4bit, 8bit) whole on one CUDA device: peak VRAM at a step and s/step at 16 and 48.
 
 The model is built on the GPU module by module with random weights (transformers' own init, bf16),
-each text layer's linears and fused experts quantized the moment they exist by the loader's own
+each text layer's fused experts quantized the moment they exist by the loader's own
 code (quant_at_load.prepare marks them and shares the encoder's with the decoder's, weightquant
 quantizes), so the bf16 model is never whole on the card. Then the engine's block loop runs one
 256-token block after a 64-token prompt at 16 and 48 steps (confidence 0: every step runs), a

@@ -1,11 +1,11 @@
-"""Weights quantized at load (bitsandbytes NF4 or blockwise 8-bit), and the layers that use them.
+"""Experts' weights quantized at load (bitsandbytes NF4 or blockwise 8-bit), and the experts that use them.
 
 Each quantized weight is one flat uint8 parameter in the place of the bf16 one: the block scales
 (float32 bytes) then the codes. One tensor per weight keeps every mechanism that moves, ties or
 counts parameters working unchanged, and an encoder layer that shares the decoder's module shares
-its one quantized copy. A layer dequantizes its weight to the compute dtype when it runs: a
-linear its matrix, an experts module its two fused 3-D tensors (one layer's experts in bf16 at a
-time, about 1.4 GiB at the real widths), then computes exactly as the unquantized layer does.
+its one quantized copy. An experts module dequantizes its two fused 3-D tensors to the compute
+dtype when it runs (one layer's experts in bf16 at a time, about 1.4 GiB at the real widths), then
+computes exactly as the unquantized module does.
 """
 
 from __future__ import annotations
@@ -112,14 +112,6 @@ def _dynamic_map(device) -> torch.Tensor:
     return _MAPS[key]
 
 
-class QuantizedLinear(torch.nn.Linear):
-    """An nn.Linear whose `weight` holds `quantize`'s bytes; it dequantizes the matrix when it runs."""
-
-    def forward(self, x):
-        weight = dequantize(self.weight, (self.out_features, self.in_features), MODES[self._dgemma_mode], x.dtype)
-        return torch.nn.functional.linear(x, weight, self.bias)
-
-
 class QuantizedExperts:
     """Mixed into transformers' fused experts class: its 3-D tensors hold `quantize`'s bytes.
 
@@ -160,11 +152,8 @@ def quantized_class(cls):
 
 
 def convert_module(module, mode: str) -> None:
-    """Make `module` (an nn.Linear or a fused experts module, its weights still unloaded) hold quantized weights."""
+    """Make `module` (a fused experts module, its weights still unloaded) hold quantized weights."""
     module._dgemma_mode = mode
-    if isinstance(module, torch.nn.Linear):
-        module.__class__ = QuantizedLinear
-        return
     module._dgemma_shapes = {name: tuple(getattr(module, name).shape) for name in ("gate_up_proj", "down_proj")}
     module._dgemma_dense_class = type(module)
     module.__class__ = quantized_class(type(module))
@@ -172,14 +161,10 @@ def convert_module(module, mode: str) -> None:
 
 def quantized_names(module) -> tuple[str, ...]:
     """The parameters of `module` that hold quantized bytes (none for any other module)."""
-    if isinstance(module, QuantizedLinear):
-        return ("weight",)
     if isinstance(module, QuantizedExperts):
         return tuple(module._dgemma_shapes)
     return ()
 
 
 def logical_shape(module, name: str) -> tuple[int, ...]:
-    if isinstance(module, QuantizedLinear):
-        return (module.out_features, module.in_features)
     return module._dgemma_shapes[name]

@@ -35,16 +35,17 @@ def small_slice():
 
 
 @pytest.mark.parametrize("quant", MODES)
-def test_every_text_weight_is_quantized_once_for_both_stacks(tiny_dir, quant):
+def test_every_experts_weight_is_quantized_once_for_both_stacks(tiny_dir, quant):
     dm = load_model(str(tiny_dir), quant=quant, device="cpu")
     assert dm.quant == quant and dm.dtype == "float32"
     encoder, decoder = layers(dm)
     for enc, dec in zip(encoder, decoder):
-        for name, module in qal.targets(dec).items():
-            assert wq.quantized_names(module), name
-            assert enc.get_submodule(name) is module  # the encoder runs the decoder's one quantized copy
-            assert all(getattr(module, n).dtype == torch.uint8 for n in wq.quantized_names(module))
-        assert not wq.quantized_names(dec.router.proj)  # the routers stay as stored
+        assert wq.quantized_names(dec.experts) == ("gate_up_proj", "down_proj")
+        assert enc.experts is dec.experts  # the encoder runs the decoder's one quantized copy
+        assert all(getattr(dec.experts, n).dtype == torch.uint8 for n in wq.quantized_names(dec.experts))
+        for name in ("router.proj", "self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj"):
+            kept = dec.get_submodule(name).weight  # as stored, in the compute dtype, one copy for both stacks
+            assert kept.dtype == torch.float32 and enc.get_submodule(name).weight is kept, name
     assert isinstance(decoder[0].experts, wq.QuantizedExperts)
     assert not [n for n, p in dm.model.named_parameters() if p.device.type == "meta"]
     assert qal.check_loaded(dm.model)[0] == len(qal.geometry(dm.model.config).quantized)

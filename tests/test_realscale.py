@@ -178,7 +178,7 @@ def test_auto_picks_the_best_mode_that_fits_each_card(card, ram):
 
 def test_a_split_names_the_mode_that_runs_whole():
     got, p = where(24, 64, "none")
-    assert got == "split" and "quant 4bit runs whole on this GPU (17.3 GiB)" in p.note
+    assert got == "split" and "quant 4bit runs whole on this GPU (19.5 GiB)" in p.note
 
 
 @pytest.mark.parametrize("card", CARDS)
@@ -209,7 +209,7 @@ def test_a_24_gb_card_is_told_what_works_not_to_free_memory_it_does_not_have():
         ("none", "auto"), ("none", "cpu"), ("8bit", "cpu"), ("4bit", "cuda"), ("4bit", "cpu"), ("autoround", "cpu"),
         ("remote", "")]
     assert "over PCIe every step" in detail.routes[0].cost
-    assert "quant 4bit with device cuda (whole on the GPU in 17.3 GiB)" in text
+    assert "quant 4bit with device cuda (whole on the GPU in 19.5 GiB)" in text
 
 
 def test_a_card_too_small_for_every_mode_is_sent_to_a_remote_engine():
@@ -218,7 +218,7 @@ def test_a_card_too_small_for_every_mode_is_sent_to_a_remote_engine():
         deviceplan.choose(all_needs(), ("none", "8bit", "4bit"), "auto", **small)
     text = str(caught.value)
     assert [r.quant for r in caught.value.routes] == ["remote"]
-    assert "none 50.1 GiB, 8bit 27.7 GiB, 4bit 17.3 GiB" in text and "a 8.0 GiB card" in text
+    assert "none 50.1 GiB, 8bit 29.2 GiB, 4bit 19.5 GiB" in text and "a 8.0 GiB card" in text
     assert "a remote engine (`python -m serve` on a bigger GPU" in text
 
 
@@ -230,7 +230,8 @@ def test_int4_fits_a_32_gb_card_with_the_step_it_runs():
 
 def test_the_modes_made_at_load_fit_their_cards_at_a_real_step():
     needs = all_needs()
-    assert needs["4bit"].peak + deviceplan.CUDA_RESERVE < 20 * GIB  # a 24 GB card with a desktop on it
+    assert needs["4bit"].peak < 20 * GIB
+    assert needs["4bit"].peak + deviceplan.CUDA_RESERVE + 2 * GIB < 24 * GIB  # a 24 GB card, 2 GiB taken by a desktop
     assert needs["8bit"].peak + deviceplan.CUDA_RESERVE < 30 * GIB  # a 32 GB card
 
 
