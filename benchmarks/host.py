@@ -20,8 +20,10 @@ directly:
   ComfyUI's server does it on its own thread.
 - the code that launches the device work (the scheduler's step, the stop, pins, constraint, the packing and
   the copy: Python and each torch call's dispatch) and the block loop's own Python, in the same run with
-  a stand-in forward that returns logits of the real canvas 4 tokens wide: the same calls, kernels of
-  microseconds. Of five such runs the one with the least block-loop time is kept (the others were disturbed).
+  a stand-in forward that returns logits of the real canvas one token wide: the same calls, each with the
+  smallest kernel this CPU can run (at 4 tokens wide the softmaxes and the noise draw alone cost 80 µs a step
+  of arithmetic that a GPU does on the device; one wide, about 30 µs). Of five such runs the one with the least
+  block-loop time is kept (the others were disturbed).
 The forward (the decoder's, and the encoder's at a block's end) is timed by wrappers and left out; the run's
 start (checks, prefill) and readout happen once per run and are left out too. Device work per step is the
 time inside the torch calls outside the forward at the real vocabulary (this CPU's kernels).
@@ -59,7 +61,7 @@ from diffusiongemma.testing.waits import DeviceCalls  # noqa: E402
 
 PROMPT = "Why is the sky blue?"
 STEPS = 8
-STANDIN_WIDTH = 4  # tokens per position of the stand-in forward's logits: kernels of microseconds
+STANDIN_WIDTH = 1  # tokens per position of the stand-in forward's logits: the smallest kernels
 STANDIN_RUNS = 5
 TRACE = ("ids", "committed_bits", "stop_bits", "entropy", "blocks", "steps")
 
@@ -143,7 +145,7 @@ class Replay:
 
 
 def standin_run(dm, replay: Replay) -> tuple[Clocks, int]:
-    """The run with a forward that returns fixed logits 4 wide (what launching the step's device work costs),
+    """The run with a forward that returns fixed logits 1 wide (what launching the step's device work costs),
     its host code fed the real-vocabulary run's steps (what the host code costs with its caches its own)."""
     logits = torch.randn(1, dm.canvas_length, STANDIN_WIDTH, generator=torch.Generator().manual_seed(0))
     real, advance = loop.BlockDecoder.logits, loop.Lane.advance
