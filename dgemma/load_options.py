@@ -19,9 +19,9 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "quant": LoadOption(tuple(QUANTS), "auto",
                         "auto: the best mode that fits this machine (bf16 whole on the GPU, else 8bit, else 4bit; "
                         "a split or the CPU when none fits whole). none: the checkpoint's own dtype (bf16, about "
-                        "52 GiB at a step for the real model); 8bit / 4bit: the bf16 checkpoint quantized while it "
-                        "loads (about 29 / 19 GiB at a step; needs bitsandbytes); autoround: a pre-quantized "
-                        "AutoRound INT4 checkpoint (about 31 GiB, needs auto-round)."),
+                        "52 GiB at a step for the real model); 8bit / 4bit: the bf16 checkpoint's MoE experts "
+                        "quantized while it loads (about 29 / 20 GiB at a step; needs bitsandbytes); autoround: a "
+                        "pre-quantized AutoRound INT4 checkpoint (about 31 GiB, needs auto-round)."),
     "device": LoadOption(tuple(DEVICES), "auto",
                          "auto: the GPU when there is one, offloading to CPU RAM when VRAM is short; cuda: all on "
                          "the GPU; cpu: all on the CPU."),
