@@ -22,7 +22,7 @@ from .guide import UNCONSTRAINED
 from .knobs import Knobs, num_blocks
 from .pins import Pins
 from .schedulers import Scheduling
-from .stepcopy import StepCopy
+from .stepcopy import HostStep, Packed, StepCopy, pack
 from .threads import with_compute_threads
 from .trace import Frame, Recorder
 from .versions import cache_kw
@@ -164,6 +164,16 @@ def _open_block(decoder, plan, block, first, done, knobs, stepper, generator):
     return canvas, None, AdaptiveStop(knobs.confidence, canvas, decoder.device), plan.start if block == first else 0
 
 
+@dataclass(frozen=True, eq=False)
+class Pending:
+    """A step launched on the device and not yet landed on the host."""
+
+    packed: Packed
+    canvas: torch.Tensor
+    self_cond: torch.Tensor
+    logits: torch.Tensor  # for a capture of log-probabilities
+
+
 class Lane:
     """One run walking its blocks: its own cache, generator, scheduler, stop, pins, guide and recorder.
 
@@ -224,6 +234,11 @@ class Lane:
     def advance(self, logits, out=None) -> None:
         """One step of the block from the decoder's logits for this lane's canvas (`out`: the scheduler's
         step of them, when it was taken together with other lanes')."""
+        pending = self.launch(logits, out)
+        self.land(pending, self.copy.take_all([pending.packed])[0])  # the one wait
+
+    def launch(self, logits, out=None) -> Pending:
+        """The step's device work, up to its record packed for the host (`land` takes it from there)."""
         d, pins, step = self.decoder, self.pins, self.step
         if out is None:
             out = self.stepper.step(logits.to(d.device), step, self.canvas, self.generator, d.logits)
@@ -235,13 +250,18 @@ class Lane:
         held = out.committed if stopped is None else out.committed | by_stop  # None: the stop is off
         canvas, constrained = self.guide.apply(self.block, self.done, canvas, held, self_cond, pinned,
                                                self._last(step, stopped))
-        host = self.copy.take(canvas, out.committed, by_stop, entropy, pinned, constrained, stopped)  # the one wait
-        frame = self.recorder.add_host(self.block, step, *host.arrays)
+        packed = pack(canvas, out.committed, by_stop, entropy, pinned, constrained, stopped)
+        return Pending(packed, canvas, self_cond, logits)
+
+    def land(self, pending: Pending, host: HostStep) -> None:
+        """The step's host work once its record is on the host: the recorder, the frame, the block's end."""
+        frame = self.recorder.add_host(self.block, self.step, *host.arrays)
         if self.capture is not None:
-            self.capture.add(self.block, logits, canvas, frame.committed)
+            self.capture.add(self.block, pending.logits, pending.canvas, frame.committed)
         if self.on_frame is not None:
             self.on_frame(frame)
-        self.canvas, self.self_cond, self.stopped, self.step = canvas, self_cond, host.stopped, step + 1
+        self.canvas, self.self_cond, self.stopped, self.step = pending.canvas, pending.self_cond, host.stopped, \
+            self.step + 1
         self.last_ids = frame.ids
         if host.stopped:
             self._end_block()
@@ -286,7 +306,7 @@ def drive(model, lanes, should_cancel: Callable[[], bool] | None = None, forward
     `lanes` may be a generator: a lane is taken (and launched) only when another has left, so a long list
     streams through. `together(lanes, logits)` takes a group's scheduler steps at once where it can.
     The steps run in helpers, so nothing here holds a lane (or its logits) after it left."""
-    waiting, working, steps = iter(lanes), [], [0]
+    waiting, working, steps, copies = iter(lanes), [], [0], {}
     while True:
         working = [lane for lane in working if lane.ready()]
         _take(waiting, working, size, should_cancel, steps)
@@ -294,7 +314,7 @@ def drive(model, lanes, should_cancel: Callable[[], bool] | None = None, forward
             return
         if should_cancel is not None and should_cancel():
             raise Cancelled(steps[0])
-        _step(working, forward, together)
+        _step(working, forward, together, copies)
         steps[0] += len(working)
 
 
@@ -311,15 +331,22 @@ def _take(waiting, working: list, size, should_cancel, steps: list) -> None:
             working.append(lane)
 
 
-def _step(working: list, forward, together) -> None:
+def _step(working: list, forward, together, copies: dict) -> None:
+    """One step of every working lane; a group's lanes reach the host in one copy (`copies`: one per device,
+    kept for the whole drive)."""
     if len(working) == 1 or forward is None:
         for lane in working:
             lane.advance(lane.decoder.logits(lane.canvas, lane.self_cond))
         return
     for group, logits in forward(working):
         outs = together(group, logits) if together is not None else [None] * len(group)
-        for row, (lane, out) in enumerate(zip(group, outs)):
-            lane.advance(logits[row:row + 1], out)
+        pending = [lane.launch(logits[row:row + 1], out) for row, (lane, out) in enumerate(zip(group, outs))]
+        device = group[0].decoder.device
+        if device not in copies:
+            copies[device] = StepCopy(device)
+        hosts = copies[device].take_all([p.packed for p in pending])  # the group's one wait
+        for lane, p, host in zip(group, pending, hosts):
+            lane.land(p, host)
 
 
 def denoise_blocks(model, cache, knobs: Knobs, generator: torch.Generator, eos_ids: tuple[int, ...],

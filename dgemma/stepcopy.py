@@ -3,8 +3,9 @@
 Per step a lane keeps the canvas ids, what the scheduler committed, what the adaptive stop committed on
 top, what a pin holds, what a constraint changed and the entropy (decision 0004), and the loop needs one
 fact back: whether the block stopped. They are packed on the device into one small buffer (about 8
-bytes per position), copied into a host buffer kept for the lane (pinned on CUDA), and read there: the
-recorder's row, the frame and every event are built from host arrays, with no other wait. An entropy
+bytes per position), copied into a reused host buffer (pinned on CUDA; a batched step copies all its
+lanes' steps at once), and read there: the recorder's row, the frame and every event are built from
+host arrays, with no other wait. An entropy
 holding NaN (which only logits holding NaN or infinity give) is refused there.
 """
 
@@ -49,30 +50,56 @@ class HostStep:
         return self.ids, self.committed, self.stop, self.entropy, self.pinned, self.constrained
 
 
+@dataclass(frozen=True, eq=False)
+class Packed:
+    """One lane's step packed on the device (a (1, size) uint8 tensor) and the layout `_read` reads it by."""
+
+    tensor: torch.Tensor
+    length: int  # canvas positions
+    has_pin: bool
+    has_constraint: bool
+    has_stop: bool
+
+
+def pack(canvas, committed, stop, entropy, pinned=None, constrained=None, stopped=None) -> Packed:
+    """Batch row 0 of one step's (1, L) tensors in one device buffer; `stopped` is the stop's device flag (None:
+    it cannot stop)."""
+    masks = [_bytes(_row0(m)) for m in (committed, stop, pinned, constrained) if m is not None]
+    pieces = [_row0(canvas).to(torch.int32).view(torch.uint8), _row0(entropy).to(torch.float16).view(torch.uint8),
+              *masks]
+    if stopped is not None:
+        pieces.append(stopped.reshape(1, 1).view(torch.uint8))
+    return Packed(torch.cat(pieces, dim=-1), canvas.shape[-1], pinned is not None, constrained is not None,
+                  stopped is not None)
+
+
 class StepCopy:
-    """A lane's host copies, one buffer per layout (which optional masks a step has), reused every step."""
+    """Host buffers for packed steps, one per size, reused every step."""
 
     def __init__(self, device):
         self.device = torch.device(device)
-        self.buffers: dict[tuple, tuple[torch.Tensor, np.ndarray]] = {}
+        self.buffers: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
 
-    def take(self, canvas, committed, stop, entropy, pinned=None, constrained=None, stopped=None) -> HostStep:
-        """Batch row 0 of one step's (1, L) tensors on the host; `stopped` is the stop's device flag (None: it
-        cannot stop). Raises when the entropy holds NaN: nothing can be drawn from such logits."""
-        masks = [_bytes(_row0(m)) for m in (committed, stop, pinned, constrained) if m is not None]
-        pieces = [_row0(canvas).to(torch.int32).view(torch.uint8),
-                  _row0(entropy).to(torch.float16).view(torch.uint8), *masks]
-        if stopped is not None:
-            pieces.append(stopped.reshape(1, 1).view(torch.uint8))
-        packed = torch.cat(pieces, dim=-1)
+    def take(self, *tensors, **named) -> HostStep:
+        """One lane's step (`pack`'s arguments) on the host. Raises when the entropy holds NaN."""
+        return self.take_all([pack(*tensors, **named)])[0]
+
+    def take_all(self, packs: list[Packed]) -> list[HostStep]:
+        """Several lanes' packed steps on the host in one copy: a batched step's one wait. Raises when an
+        entropy holds NaN: nothing can be drawn from such logits."""
+        packed = packs[0].tensor if len(packs) == 1 else torch.cat([p.tensor for p in packs], dim=-1)
         size = packed.numel()
-        key = (size, pinned is not None, constrained is not None, stopped is not None)
-        if key not in self.buffers:
+        if size not in self.buffers:
             buffer = _host_buffer(size, self.device)
-            self.buffers[key] = (buffer, buffer.numpy()[0])
-        buffer, view = self.buffers[key]
+            self.buffers[size] = (buffer, buffer.numpy()[0])
+        buffer, view = self.buffers[size]
         buffer.copy_(packed)  # blocking: the step's one wait
-        return _read(view, (size - (stopped is not None)) // (6 + len(masks)), *key[1:])
+        steps, at = [], 0
+        for p in packs:
+            n = p.tensor.shape[-1]
+            steps.append(_read(view[at:at + n], p.length, p.has_pin, p.has_constraint, p.has_stop))
+            at += n
+        return steps
 
 
 def _row0(t):

@@ -51,6 +51,31 @@ def test_a_step_waits_once_and_its_forward_never(tiny_model, monkeypatch):
     assert calls.waits["forward"] == 0 and calls.names["step"] == {"copy_": len(result.trace)}
 
 
+def test_a_batched_step_waits_once_for_all_its_lanes(tiny_model, monkeypatch):
+    from diffusiongemma.dgemma.run import prepare, run_batch
+
+    knobs = Knobs(seed=2, num_inference_steps=5, gen_length=512, confidence=0.5)
+    requests = [prepare(tiny_model, prompt, knobs) for prompt in ("hello", "a longer prompt here", "hi")]
+    run_batch(requests, max_batch=3)  # the batched experts' one probe of each layer, once per process
+    calls, steps = DeviceCalls(), []
+    calls.phase = "run"
+    inner = loop._step
+
+    def counted(working, *args):
+        steps.append(len(working))
+        before, calls.phase = calls.phase, "step"
+        try:
+            return inner(working, *args)
+        finally:
+            calls.phase = before
+
+    monkeypatch.setattr(loop, "_step", counted)
+    with calls:
+        results = run_batch(requests, max_batch=3)
+    assert max(steps) == 3 and sum(steps) == sum(len(r.trace) for r in results)
+    assert calls.names["step"] == {"copy_": len(steps)}  # one copy per step of the batch, whatever its lanes
+
+
 @pytest.mark.parametrize("extras", [False, True])
 def test_the_host_copy_is_what_the_recorder_read_tensor_by_tensor(extras):
     L, gen = 40, torch.Generator().manual_seed(0)
