@@ -260,8 +260,8 @@ class Lane:
             self.capture.add(self.block, pending.logits, pending.canvas, frame.committed)
         if self.on_frame is not None:
             self.on_frame(frame)
-        self.canvas, self.self_cond, self.stopped, self.step = pending.canvas, pending.self_cond, host.stopped, \
-            self.step + 1
+        self.canvas, self.self_cond, self.stopped = pending.canvas, pending.self_cond, host.stopped
+        self.step += 1
         self.last_ids = frame.ids
         if host.stopped:
             self._end_block()

@@ -5,8 +5,8 @@ top, what a pin holds, what a constraint changed and the entropy (decision 0004)
 fact back: whether the block stopped. They are packed on the device into one small buffer (about 8
 bytes per position), copied into a reused host buffer (pinned on CUDA; a batched step copies all its
 lanes' steps at once), and read there: the recorder's row, the frame and every event are built from
-host arrays, with no other wait. An entropy
-holding NaN (which only logits holding NaN or infinity give) is refused there.
+host arrays, with no other wait. An entropy holding NaN (which only logits holding NaN or infinity
+give) is refused there.
 """
 
 from __future__ import annotations
@@ -79,10 +79,6 @@ class StepCopy:
     def __init__(self, device):
         self.device = torch.device(device)
         self.buffers: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
-
-    def take(self, *tensors, **named) -> HostStep:
-        """One lane's step (`pack`'s arguments) on the host. Raises when the entropy holds NaN."""
-        return self.take_all([pack(*tensors, **named)])[0]
 
     def take_all(self, packs: list[Packed]) -> list[HostStep]:
         """Several lanes' packed steps on the host in one copy: a batched step's one wait. Raises when an

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs, fastpath, generate, loop
-from diffusiongemma.dgemma.stepcopy import StepCopy
+from diffusiongemma.dgemma.stepcopy import StepCopy, pack
 from diffusiongemma.dgemma.trace import Recorder
 from diffusiongemma.testing.waits import DeviceCalls
 
@@ -87,14 +87,14 @@ def test_the_host_copy_is_what_the_recorder_read_tensor_by_tensor(extras):
     old.add(0, 0, canvas, masks[0], masks[1], entropy, pinned, constrained)
     copy = StepCopy("cpu")
     for stopped in (torch.tensor(True), torch.tensor(False), None):
-        host = copy.take(canvas, masks[0], masks[1], entropy, pinned, constrained, stopped)
+        host = copy.take_all([pack(canvas, masks[0], masks[1], entropy, pinned, constrained, stopped)])[0]
         assert host.stopped is (stopped is not None and bool(stopped))
         new.add_host(0, 0, *host.arrays)
     a, b = old.finish(), new.finish()
     for name in TRACE:
         x, y = getattr(a, name), getattr(b, name)
         assert (x is None) == (y is None) and (x is None or np.array_equal(x, y[:1])), name
-    assert len(copy.buffers) == 2  # one host buffer per layout, reused
+    assert len(copy.buffers) == 2  # one host buffer per size (the stop flag is one byte more), reused
 
 
 def test_the_fused_step_is_diffusers_step(tiny_model, demo_model):
