@@ -41,15 +41,15 @@ class AdaptiveStop:
         self.frozen = torch.zeros(canvas.shape[0], dtype=torch.bool, device=device)
         self.argmax = canvas
         self.history = torch.full((STABILITY_STEPS, *canvas.shape), -1, dtype=torch.long, device=device)
-        self.none = None  # what a stop that is off commits
+        self.off_mask = None  # what a stop that is off commits: nothing (made once, never written)
 
     def apply(self, canvas, logits, entropy):
         """(canvas after the stop, per-position mask of what the stop committed, block done?). Whether the block
         is done stays on the device (a 0-dim bool; None when the stop is off): the step's copy reads it."""
         if self.confidence <= 0:
-            if self.none is None or self.none.shape != canvas.shape:
-                self.none = torch.zeros_like(canvas, dtype=torch.bool)  # never written: shared by the steps
-            return canvas, self.none, None
+            if self.off_mask is None or self.off_mask.shape != canvas.shape:
+                self.off_mask = torch.zeros_like(canvas, dtype=torch.bool)
+            return canvas, self.off_mask, None
         nxt = torch.where(self.frozen[:, None], self.argmax, logits.argmax(dim=-1))
         stable = (self.history == nxt[None]).all(dim=-1).all(dim=0)
         self.history = torch.roll(self.history, shifts=-1, dims=0)
