@@ -156,7 +156,7 @@ def _op_class():
                 if tuple(value.shape) != logical_shape(module, leaf):
                     raise ValueError(f"{name} has shape {tuple(value.shape)}, the model expects "
                                      f"{logical_shape(module, leaf)}")
-                out[name] = weightquant.quantize(value, MODES[module._dgemma_mode])
+                out[name] = weightquant.quantize(value, MODES[self.mode])
             return out
 
     return QuantizeOp
