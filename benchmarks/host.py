@@ -133,7 +133,7 @@ class Replay:
         if not self.replaying:
             self.steps.append(step)
             return step
-        return self.steps[self.at % len(self.steps)] if self.steps else step
+        return self.steps[self.at % len(self.steps)]
 
     def __enter__(self):
         self.at = 0

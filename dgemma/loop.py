@@ -47,7 +47,7 @@ class AdaptiveStop:
         """(canvas after the stop, per-position mask of what the stop committed, block done?). Whether the block
         is done stays on the device (a 0-dim bool; None when the stop is off): the step's copy reads it."""
         if self.confidence <= 0:
-            if self.off_mask is None or self.off_mask.shape != canvas.shape:
+            if self.off_mask is None:  # a block's canvas keeps its shape
                 self.off_mask = torch.zeros_like(canvas, dtype=torch.bool)
             return canvas, self.off_mask, None
         nxt = torch.where(self.frozen[:, None], self.argmax, logits.argmax(dim=-1))
