@@ -39,7 +39,7 @@ from timing import median_iqr, paired_ratios  # noqa: E402
 
 from diffusiongemma.dgemma import Knobs, load_model  # noqa: E402
 from diffusiongemma.dgemma.demo import DEMO_DIR  # noqa: E402
-from diffusiongemma.dgemma.run import prepare, run, run_batch  # noqa: E402
+from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch  # noqa: E402
 from diffusiongemma.testing import tiny as tiny_builder  # noqa: E402
 from diffusiongemma.testing.batchcheck import differences, entropy_exact, entropy_within_half  # noqa: E402
 

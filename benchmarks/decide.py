@@ -31,7 +31,6 @@ load_pack()
 import numpy as np  # noqa: E402
 
 from diffusiongemma.dgemma import Constraint, Knobs, generate, load_model  # noqa: E402
-from diffusiongemma.dgemma.decide import decide  # noqa: E402
 from diffusiongemma.dgemma.demo import (  # noqa: E402
     COLOURS,
     DEMO_DIR,
@@ -41,6 +40,7 @@ from diffusiongemma.dgemma.demo import (  # noqa: E402
     colour_image,
     image_cases,
 )
+from diffusiongemma.dgemma.readouts.decide import decide  # noqa: E402
 from diffusiongemma.testing.brute_decide import brute_probabilities  # noqa: E402
 from diffusiongemma.testing.schemas import SUM  # noqa: E402
 

@@ -25,8 +25,8 @@ from headless import load_pack  # noqa: E402
 
 load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
-from diffusiongemma.dgemma.images import render_images  # noqa: E402
-from diffusiongemma.dgemma.tokens import frame_texts  # noqa: E402
+from diffusiongemma.dgemma.inputs.tokens import frame_texts  # noqa: E402
+from diffusiongemma.dgemma.readouts.images import render_images  # noqa: E402
 from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402
 
 PROMPT = "What is 3+4?"

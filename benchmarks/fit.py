@@ -49,8 +49,9 @@ sys.path.insert(0, str(HERE.parent))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from diffusiongemma.dgemma import Knobs, deviceplan, generate, load_model  # noqa: E402
-from diffusiongemma.dgemma import quant_at_load as qal  # noqa: E402
+from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
+from diffusiongemma.dgemma.loading import deviceplan  # noqa: E402
+from diffusiongemma.dgemma.loading import quant_at_load as qal  # noqa: E402
 from diffusiongemma.testing import fitcheck, realscale, realslice  # noqa: E402
 
 GIB = 2**30

@@ -30,8 +30,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gpu  # noqa: E402  (loads the pack)
 
-from diffusiongemma.dgemma import quant_at_load as qal  # noqa: E402
-from diffusiongemma.dgemma import weightquant as wq  # noqa: E402
+from diffusiongemma.dgemma.loading import quant_at_load as qal  # noqa: E402
+from diffusiongemma.dgemma.loading import weightquant as wq  # noqa: E402
 from diffusiongemma.testing import realscale, realslice  # noqa: E402
 
 

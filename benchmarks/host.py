@@ -53,7 +53,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from samplerwork import Events, sampler_call  # noqa: E402
 
-from diffusiongemma.dgemma import Knobs, fastpath, generate, load_model, loop, run, stepcopy, trace  # noqa: E402
+from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
+from diffusiongemma.dgemma.denoising import fastpath, loop, run, stepcopy  # noqa: E402
+from diffusiongemma.dgemma.readouts import trace  # noqa: E402
 from diffusiongemma.nodes import sampler  # noqa: E402
 from diffusiongemma.testing import realslice  # noqa: E402
 from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402

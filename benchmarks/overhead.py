@@ -27,8 +27,8 @@ from headless import load_pack  # noqa: E402
 
 load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
-from diffusiongemma.dgemma.resume import Advanced  # noqa: E402
-from diffusiongemma.dgemma.schedulers import Scheduling  # noqa: E402
+from diffusiongemma.dgemma.denoising.resume import Advanced  # noqa: E402
+from diffusiongemma.dgemma.denoising.schedulers import Scheduling  # noqa: E402
 from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402
 
 PROMPT = "What is 3+4?"

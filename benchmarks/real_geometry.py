@@ -45,7 +45,8 @@ from timing import median_iqr, paired_ratios  # noqa: E402
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from diffusiongemma.dgemma import Knobs, generate, load_model, preflight  # noqa: E402
+from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
+from diffusiongemma.dgemma.loading import preflight  # noqa: E402
 from diffusiongemma.testing import fulllayout, realslice  # noqa: E402
 
 PROMPT = "What is 3+4?"
@@ -73,8 +74,8 @@ def measure_load(folder: str, quant: str) -> dict:
     malloc mmap threshold, so freed tensors leave the resident size and a peak counts what was live."""
     import transformers  # noqa: F401  (imports are not the model's memory)
 
-    from diffusiongemma.dgemma import deviceplan
-    from diffusiongemma.dgemma.quant import shared_copy_bytes
+    from diffusiongemma.dgemma.loading import deviceplan
+    from diffusiongemma.dgemma.loading.quant import shared_copy_bytes
     if quant == "autoround":
         import auto_round  # noqa: F401
     headers = preflight.read_headers(Path(folder))
@@ -196,10 +197,10 @@ def step_breakdown(dm, knobs: Knobs) -> dict:
     The same calls as `denoise_blocks`; capture is the step's entropy beyond the scheduler's own
     (`step_entropy`) plus the recorder. The stop is the pipeline's too when `confidence` > 0.
     """
-    from diffusiongemma.dgemma.cache import encode_ids, new_cache
-    from diffusiongemma.dgemma.loop import AdaptiveStop, BlockDecoder, step_entropy
-    from diffusiongemma.dgemma.schedulers import Scheduling
-    from diffusiongemma.dgemma.trace import Recorder
+    from diffusiongemma.dgemma.denoising.loop import AdaptiveStop, BlockDecoder, step_entropy
+    from diffusiongemma.dgemma.denoising.schedulers import Scheduling
+    from diffusiongemma.dgemma.inputs.cache import encode_ids, new_cache
+    from diffusiongemma.dgemma.readouts.trace import Recorder
 
     cache = new_cache(dm.model)
     encode_ids(dm.model, cache, dm.tokenizer(PROMPT)["input_ids"])

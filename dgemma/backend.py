@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from . import run as runs
-from .context import encode_context
-from .knobs import num_blocks
-from .run import Request, generate, run_batch
-from .schedulers import Scheduling
+from .denoising import run as runs
+from .denoising.run import Request, generate, run_batch
+from .denoising.schedulers import Scheduling
+from .inputs.context import encode_context
+from .inputs.knobs import num_blocks
 
 
 @runtime_checkable

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from .knobs import Knobs
+from .inputs.knobs import Knobs
 
 DEMO_NAME = "diffusiongemma-demo"
 DEMO_DIR = Path(__file__).resolve().parent / "demo_model"

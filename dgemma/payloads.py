@@ -6,8 +6,8 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from .errors import InputError
-from .knobs import Knobs
-from .readings import knob_not_sent
+from .inputs.knobs import Knobs
+from .readouts.readings import knob_not_sent
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,7 +24,7 @@ class DGemmaModel:
     eos_ids: tuple[int, ...]
     channel_ids: tuple[int, int] | None  # (<|channel>, <channel|>)
     image_processor: object = None       # the processor's image half; None: the model takes no images
-    identity: str = ""                   # dgemma/identity.py: which files were loaded; reloads and caches match it
+    identity: str = ""                   # loading/identity.py: which files were loaded; reloads and caches match it
     placement_note: str = ""             # a GPU/CPU split's cost per step, said wherever the model runs
 
     def __repr__(self) -> str:
@@ -47,13 +47,13 @@ class DGemmaModel:
     @cached_property
     def token_strings(self) -> tuple[str, ...]:
         """Display string of every id, computed once: frames join these instead of decoding."""
-        from .tokens import display_strings
+        from .inputs.tokens import display_strings
 
         return display_strings(self.tokenizer, self.vocab_size)
 
     @cached_property
     def tokenizer_fingerprint(self) -> str:
-        from .tokens import tokenizer_fingerprint
+        from .inputs.tokens import tokenizer_fingerprint
 
         return tokenizer_fingerprint(self.tokenizer)
 
@@ -88,7 +88,7 @@ class CanvasState:
     pins_applied: tuple[int, ...] = ()     # pinned answer positions held on a canvas before the answer ended
     pins_skipped: tuple[int, ...] = ()     # pinned positions the answer never reached: not in the text
     blanks_unfilled: tuple[int, ...] = ()  # template blank positions left empty (answer ended, or padding/EOS)
-    # What an advanced run needs to be continued exactly (dgemma/resume.py): tensors, memory only.
+    # What an advanced run needs to be continued exactly (dgemma/denoising/resume.py): tensors, memory only.
     resume: object = field(default=None, compare=False, repr=False)
     # A constrained run's verdict: kind, text, sha256, satisfied, reason (why not), changed_positions.
     constraint: dict | None = None
@@ -156,7 +156,7 @@ class RunConfig:
     advanced: dict | None = field(default=None)  # scheduler and its knobs, window, pins, the run resumed
     constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
     readings: object = None  # readings.Readings: the knobs a remote engine was sent and those it fixes itself
-    decision: dict | None = field(default=None)    # a decision's reading (dgemma/decide.py), on its answer block
+    decision: dict | None = field(default=None)    # a decision's reading (readouts/decide.py), on its answer block
 
     def __str__(self) -> str:
         k = self.knobs

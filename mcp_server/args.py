@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ..dgemma.constraint import KINDS
+from ..dgemma.constraints.constraint import KINDS
 from ..dgemma.demo import DEMO_NAME
-from ..dgemma.knobs import KNOBS, SEED_MAX
-from ..dgemma.load_options import LOAD_OPTIONS
-from ..dgemma.resume import WINDOW_KNOBS
-from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS
+from ..dgemma.denoising.resume import WINDOW_KNOBS
+from ..dgemma.denoising.schedulers import SCHEDULER_KNOBS, SCHEDULERS
+from ..dgemma.inputs.knobs import KNOBS, SEED_MAX
+from ..dgemma.loading.load_options import LOAD_OPTIONS
 from .schemas import JSON_INT_MAX, Arg, choice_arg, flag_arg, knob_arg, text_arg
 
 SCHEDULER_HELP = ("Which diffusers scheduler runs the steps: entropy_bound (the released default), block_refinement "

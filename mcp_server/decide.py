@@ -1,4 +1,4 @@
-"""The decide tool: each option's probability as the answer, over noise draws (dgemma/decide.py)."""
+"""The decide tool: each option's probability as the answer, over noise draws (dgemma/readouts/decide.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from ..dgemma.context import encode_context
-from ..dgemma.decide import KNOB_NAMES, MAX_OPTIONS, MAX_SAMPLES, decide
 from ..dgemma.errors import Cancelled
-from ..dgemma.knobs import KNOBS, Knobs
+from ..dgemma.inputs.context import encode_context
+from ..dgemma.inputs.knobs import KNOBS, Knobs
+from ..dgemma.readouts.decide import KNOB_NAMES, MAX_OPTIONS, MAX_SAMPLES, decide
 from . import inputs
 from .args import IMAGE_HELP, seed_arg
 from .readout import RUNLOG_URI, refusals

@@ -17,15 +17,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dgemma.context import encode_context
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME
+from ..dgemma.denoising.resume import Advanced
+from ..dgemma.denoising.run import generate, prepare, run_batch
+from ..dgemma.denoising.schedulers import Scheduling
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import Knobs
-from ..dgemma.loading import load_model
-from ..dgemma.preflight import short
-from ..dgemma.resume import Advanced
-from ..dgemma.run import generate, prepare, run_batch
-from ..dgemma.schedulers import Scheduling
+from ..dgemma.inputs.context import encode_context
+from ..dgemma.inputs.knobs import Knobs
+from ..dgemma.loading.loading import load_model
+from ..dgemma.loading.preflight import short
 
 MAX_PAUSED = 4   # paused runs kept; each holds a canvas x vocab logits tensor and a cache
 MAX_RUNS = 8     # finished runs whose run logs stay readable as resources

@@ -10,10 +10,10 @@ import binascii
 import re
 from pathlib import Path
 
+from ..dgemma.denoising.resume import AUTO, resolve_start
 from ..dgemma.errors import InputError, short
-from ..dgemma.knobs import SEED_MAX
-from ..dgemma.pictures import read_picture
-from ..dgemma.resume import AUTO, resolve_start
+from ..dgemma.inputs.knobs import SEED_MAX
+from ..dgemma.inputs.pictures import read_picture
 
 MAX_IMAGE_BYTES = 32 * 2**20
 NAME_MAX = 255  # bytes of one folder name, on every common file system

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..dgemma.images import Asked, render_frames
-from ..dgemma.outfiles import save_new
-from ..dgemma.runlog import records, write_jsonl
-from ..dgemma.tokens import frame_texts
+from ..dgemma.inputs.tokens import frame_texts
+from ..dgemma.readouts.images import Asked, render_frames
+from ..dgemma.readouts.outfiles import save_new
+from ..dgemma.readouts.runlog import records, write_jsonl
 
 RUNLOG_PREFIX = "dgemma_run_log"
 GIF_PREFIX = "dgemma_frames"

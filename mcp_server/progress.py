@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dgemma.caption import Caption
-from ..dgemma.knobs import num_blocks
+from ..dgemma.inputs.knobs import num_blocks
+from ..dgemma.readouts.caption import Caption
 
 NOISE = "\u00b7"    # a position the scheduler has not committed yet
 MAX_CHARS = 4000    # keep a notification small on long runs: the tail of the text

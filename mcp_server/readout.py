@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ImageContent, ResourceLink, TextContent
 
-from ..dgemma.constraint import Constraint
+from ..dgemma.constraints.constraint import Constraint
+from ..dgemma.denoising.schedulers import SCHEDULER_KNOBS, Scheduling
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS, Knobs
-from ..dgemma.schedulers import SCHEDULER_KNOBS, Scheduling
+from ..dgemma.inputs.knobs import KNOBS, Knobs
 from . import inputs
 from .engine import Request
 from .progress import StepMessages

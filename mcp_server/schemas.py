@@ -18,8 +18,8 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import ToolAnnotations
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KnobSpec
-from ..dgemma.preflight import short
+from ..dgemma.inputs.knobs import KnobSpec
+from ..dgemma.loading.preflight import short
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 JSON_INT_MAX = 2**53 - 1  # the largest integer every JSON client holds exactly

@@ -19,7 +19,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, Resource, ToolAnnotations
 
 from ..dgemma.errors import Cancelled
-from ..dgemma.runlog import pack_version
+from ..dgemma.readouts.runlog import pack_version
 from .args import MAX_HANDLE, encode_args, generate_args, loader_args
 from .decide import decide_tool
 from .engine import Engine

@@ -7,11 +7,11 @@ import json
 
 import torch
 
-from ..dgemma.decide import KNOB_NAMES, MAX_SAMPLES, options_from_text, prepare_decision, run_decision
-from ..dgemma.decide_pictures import chart, trace_lines
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS, Knobs
-from ..dgemma.tokens import frame_texts
+from ..dgemma.inputs.knobs import KNOBS, Knobs
+from ..dgemma.inputs.tokens import frame_texts
+from ..dgemma.readouts.decide import KNOB_NAMES, MAX_SAMPLES, options_from_text, prepare_decision, run_decision
+from ..dgemma.readouts.decide_pictures import chart, trace_lines
 from . import host, memory
 from .schema import (
     CANVAS_STATE,

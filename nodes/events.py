@@ -3,9 +3,9 @@
 One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per step, one
 `dgemma.done` at the end with status "done", "error" or "interrupted". A step carries the canvas
 as short per-position strings plus one state digit per position by the engine's one rule
-(dgemma/states.py): "0" noise, "1" new, "2" settled, "3" pinned, "4" constrained; the start event
+(dgemma/readouts/states.py): "0" noise, "1" new, "2" settled, "3" pinned, "4" constrained; the start event
 carries the palette and the states' names. A remote engine that does not send a reading
-(dgemma/readings.py) gets null for it, "5" unknown for every state when it sends no committed mask
+(dgemma/readouts/readings.py) gets null for it, "5" unknown for every state when it sends no committed mask
 (its start event adds that state, and the reasons), and a caption that says so.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dgemma.caption import Caption
-from ..dgemma.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, step_row_states
-from ..dgemma.tokens import string_table
+from ..dgemma.inputs.tokens import string_table
+from ..dgemma.readouts.caption import Caption
+from ..dgemma.readouts.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, step_row_states
 
 START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
 MAX_PIECE = 8  # characters per position; keeps a 256-token step under 16 KB of JSON

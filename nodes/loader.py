@@ -6,10 +6,10 @@ import logging
 from contextlib import contextmanager
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
-from ..dgemma.load_options import LOAD_OPTIONS
-from ..dgemma.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
-from ..dgemma.preflight import short
-from ..dgemma.quant import QUANTS
+from ..dgemma.loading.load_options import LOAD_OPTIONS
+from ..dgemma.loading.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
+from ..dgemma.loading.preflight import short
+from ..dgemma.loading.quant import QUANTS
 from . import host, memory
 from .schema import CATEGORY, MODEL
 
@@ -56,7 +56,7 @@ def check_inputs(quant, model, device, dtype, local_files_only, after_run="keep"
 
 
 def option_input(name: str) -> tuple:
-    """A widget from the loader's one table of options (dgemma/load_options.py)."""
+    """A widget from the loader's one table of options (dgemma/loading/load_options.py)."""
     option = LOAD_OPTIONS[name]
     kind = "BOOLEAN" if option.choices is None else list(option.choices)
     return (kind, {"default": option.default, "tooltip": option.tooltip})

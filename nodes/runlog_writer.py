@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..dgemma.outfiles import target_folder
-from ..dgemma.runlog import records, write_jsonl
+from ..dgemma.readouts.outfiles import target_folder
+from ..dgemma.readouts.runlog import records, write_jsonl
 from . import host
 from .schema import CANVAS_STATE, CANVAS_TRACE, CATEGORY, RUN_CONFIG, comfy_hints, widget_values
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from ..dgemma.backend import backend_of, plan_of, readings_of
 from ..dgemma.errors import InputError, short
-from ..dgemma.images import Asked, render_images
-from ..dgemma.knobs import knobs_from
-from ..dgemma.tokens import frame_texts
-from ..dgemma.vision import thumbnail, to_uint8
+from ..dgemma.inputs.knobs import knobs_from
+from ..dgemma.inputs.tokens import frame_texts
+from ..dgemma.inputs.vision import thumbnail, to_uint8
+from ..dgemma.readouts.images import Asked, render_images
 from . import host, memory
 from .events import DONE, START, STEP, BatchStream
 from .schema import (

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from ..dgemma.denoising.resume import WINDOW_KNOBS, Advanced
+from ..dgemma.denoising.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
 from ..dgemma.errors import InputError
+from ..dgemma.inputs.pins import check_shape
 from ..dgemma.payloads import CanvasState
-from ..dgemma.pins import check_shape
-from ..dgemma.resume import WINDOW_KNOBS, Advanced
-from ..dgemma.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
 from .sampler import MAX_BATCH, SAMPLER_OUTPUTS, TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
 from .schema import (
     CANVAS_STATE,

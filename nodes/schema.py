@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS, Knobs, check_knob
+from ..dgemma.inputs.knobs import KNOBS, Knobs, check_knob
 
 CATEGORY = "DiffusionGemma"
 MODEL = "DGEMMA_MODEL"
@@ -157,7 +157,7 @@ CONSTRAINT_TOOLTIP = ("The answer's constraint, of constraint_type (text; empty:
 
 
 def constraint_inputs() -> dict:
-    from ..dgemma.constraint import KINDS
+    from ..dgemma.constraints.constraint import KINDS
 
     return {"constraint_type": (list(KINDS), {"default": KINDS[0], "tooltip": CONSTRAINT_TYPE_TOOLTIP}),
             "constraint": ("STRING", {"multiline": True, "default": "", "tooltip": CONSTRAINT_TOOLTIP})}
@@ -165,7 +165,7 @@ def constraint_inputs() -> dict:
 
 def constraint_of(kind, text):
     """The engine's Constraint from the two widgets (None when the text is empty), refused with the reason."""
-    from ..dgemma.constraint import Constraint
+    from ..dgemma.constraints.constraint import Constraint
 
     with comfy_hints():
         found = Constraint(kind if kind is not None else "json_schema", text if text is not None else "")

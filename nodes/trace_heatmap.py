@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dgemma.heatmap import CELL_PX_DEFAULT, CELL_PX_MAX, MODES, SCALES, heatmap, summary
+from ..dgemma.readouts.heatmap import CELL_PX_DEFAULT, CELL_PX_MAX, MODES, SCALES, heatmap, summary
 from .schema import CANVAS_TRACE, CATEGORY, comfy_hints
 
 

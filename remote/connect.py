@@ -4,7 +4,7 @@ the model payload. The card comes from a server that may be hostile: it is bound
 
 from __future__ import annotations
 
-from ..dgemma.wire import OWNER, WireError, text, value
+from ..dgemma.readouts.wire import OWNER, WireError, text, value
 from .access import token_of
 from .dialects import DIALECTS, dialect_of, listed
 from .http import Remote, RemoteError, RemoteRefusal

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..dgemma.wire import CARD_CANVAS, EXTENSION, NAME_LIMIT, OWNER, WireError, flag, integer, obj, text, value
+from ..dgemma.readouts.wire import CARD_CANVAS, EXTENSION, NAME_LIMIT, OWNER, WireError, flag, integer, obj, text, value
 from .http import Remote
 from .model import RemoteModel
 from .pack import PackBackend

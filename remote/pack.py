@@ -9,14 +9,14 @@ from __future__ import annotations
 import base64
 import dataclasses
 
+from ..dgemma.denoising.resume import WINDOW_KNOBS, Advanced, check_continues
+from ..dgemma.denoising.run import RunResult, check_turn
 from ..dgemma.errors import Cancelled, InputError
-from ..dgemma.knobs import check_knob
-from ..dgemma.resume import WINDOW_KNOBS, Advanced, check_continues
-from ..dgemma.run import RunResult, check_turn
-from ..dgemma.tokens import check_text
-from ..dgemma.vision import check_image_tensor
-from ..dgemma.wire import EXTENSION, FRAME, WireError, obj, result_parts, row_frame, step_row
-from ..dgemma.wire import text as text_field
+from ..dgemma.inputs.knobs import check_knob
+from ..dgemma.inputs.tokens import check_text
+from ..dgemma.inputs.vision import check_image_tensor
+from ..dgemma.readouts.wire import EXTENSION, FRAME, WireError, obj, result_parts, row_frame, step_row
+from ..dgemma.readouts.wire import text as text_field
 from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteContext, RemoteResume

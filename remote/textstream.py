@@ -15,9 +15,9 @@ import threading
 
 import numpy as np
 
-from ..dgemma.knobs import num_blocks
-from ..dgemma.trace import Frame, Recorder
-from ..dgemma.wire import TIMINGS
+from ..dgemma.inputs.knobs import num_blocks
+from ..dgemma.readouts.trace import Frame, Recorder
+from ..dgemma.readouts.wire import TIMINGS
 from .http import RemoteError
 
 PIECE = re.compile(r"<\|?[a-z_]{1,24}\|?>|\s?[^\s<]{1,7}|\s|<")  # markup whole; words in pieces the view shows

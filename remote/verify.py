@@ -1,6 +1,6 @@
 """What a pack server sends, checked against what was asked: a hostile server is refused, not recorded.
 
-dgemma/wire.py checks each field's kind and range as it is read; here each step must sit inside
+dgemma/readouts/wire.py checks each field's kind and range as it is read; here each step must sit inside
 the run asked for, in order, and the run's end must echo the request (prompt, seed and knobs,
 context, window) and its text must be what its ids spell.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..dgemma.knobs import num_blocks
-from ..dgemma.one_value import one_value
-from ..dgemma.tokens import REPLACEMENT
-from ..dgemma.wire import WireError, integer, obj, short, text
+from ..dgemma.constraints.one_value import one_value
+from ..dgemma.inputs.knobs import num_blocks
+from ..dgemma.inputs.tokens import REPLACEMENT
+from ..dgemma.readouts.wire import WireError, integer, obj, short, text
 from .model import RemoteContext
 
 SLACK = 16  # events of a stream beside its steps: role, thought, answer, usage, end, error
@@ -31,7 +31,7 @@ class Asked:
     advanced: object
     advance_context: bool
     canvas_length: int
-    constraint: object = None  # dgemma.constraint.Constraint, or None
+    constraint: object = None  # dgemma.constraints.constraint.Constraint, or None
 
     @property
     def constraint_summary(self) -> dict | None:

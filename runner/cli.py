@@ -17,7 +17,7 @@ DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "example_workflows" / "api
 
 
 def _print_step(event: str, data: dict) -> None:
-    """Each step by its caption (dgemma/caption.py), the one text every surface shows."""
+    """Each step by its caption (dgemma/readouts/caption.py), the one text every surface shows."""
     if event == events.START:
         print(f"  [{data['node']}] up to {data['blocks']} block(s) of up to {data['steps']} steps",
               file=sys.stderr, flush=True)

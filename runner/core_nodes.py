@@ -11,7 +11,7 @@ import json
 import numpy as np
 from PIL import Image
 
-from ..dgemma.outfiles import save_new, target_folder
+from ..dgemma.readouts.outfiles import save_new, target_folder
 from ..nodes import host
 
 VIDEO_FORMATS = ["image/gif", "image/webp", "video/h264-mp4", "video/webm"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 import math
 
+from ..dgemma.denoising.resume import check_window_order
 from ..dgemma.errors import InputError
-from ..dgemma.resume import check_window_order
 
 ANY = "*"
 

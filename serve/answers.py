@@ -5,15 +5,15 @@ completion_tokens counts what the model wrote for the choice: the tokens of the 
 a stop string; padding inside the answer is not text) plus the thought's (also given as
 reasoning_tokens); the canvas and the steps stay in
 `dgemma` and `timings`. A logprob is the one the model gave the token at the step that committed
-it (dgemma/logprobs.py).
+it (dgemma/readouts/logprobs.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dgemma.constraint_vocab import piece_bytes
-from ..dgemma.excision import excise
+from ..dgemma.constraints.constraint_vocab import piece_bytes
+from ..dgemma.readouts.excision import excise
 
 FLOOR = -9999.0  # OpenAI's value for a token the model gave no probability: JSON has no -Infinity
 

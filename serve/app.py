@@ -16,7 +16,7 @@ import uuid
 from aiohttp import web
 
 from ..dgemma.errors import Cancelled, InputError
-from ..dgemma.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
+from ..dgemma.readouts.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
 from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
 from .decide import decide

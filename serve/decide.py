@@ -1,4 +1,4 @@
-"""POST /v1/dgemma/decide: each option's probability as the answer (dgemma/decide.py), as JSON.
+"""POST /v1/dgemma/decide: each option's probability as the answer (dgemma/readouts/decide.py), as JSON.
 
 Body: {"prompt": str, "options": [str, ...], "samples": int, "knobs": {seed, num_inference_steps, t_min,
 t_max, entropy_bound, confidence}, "context": handle, "image": {"shape", "data"} or a data: URL, "trace":
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..dgemma.decide import KNOB_NAMES, prepare_decision, run_decision
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import Knobs
+from ..dgemma.inputs.knobs import Knobs
+from ..dgemma.readouts.decide import KNOB_NAMES, prepare_decision, run_decision
 from .messages import MAX_PROMPT_CHARS
 from .requests import image_tensor, url_images
 

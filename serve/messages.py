@@ -2,7 +2,7 @@
 
 One user message is the run's turn, as a Sampler's prompt. Anything more (a system message,
 earlier turns) is a conversation: rendered whole through the model's chat template
-(`dgemma.chat`), encoded as a KV context, and answered after it. Roles the template has no place
+(`dgemma.inputs.chat`), encoded as a KV context, and answered after it. Roles the template has no place
 for (tool results) and message fields it cannot express (a participant's `name`) are refused by name.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dgemma.chat import Message
 from ..dgemma.errors import InputError
-from ..dgemma.vision import MAX_IMAGES
+from ..dgemma.inputs.chat import Message
+from ..dgemma.inputs.vision import MAX_IMAGES
 
 MAX_MESSAGES = 64
 MAX_PROMPT_CHARS = 200_000  # the engine refuses a turn over its token limit; this bounds the text first

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..dgemma.denoising.resume import AUTO, WINDOW_KNOBS, Advanced
+from ..dgemma.denoising.schedulers import Scheduling
 from ..dgemma.errors import InputError
-from ..dgemma.knobs import KNOBS, SEED_MAX, knobs_from
-from ..dgemma.logprobs import MAX_TOP
-from ..dgemma.pictures import MAX_PIXELS, read_picture
-from ..dgemma.resume import AUTO, WINDOW_KNOBS, Advanced
-from ..dgemma.schedulers import Scheduling
-from ..dgemma.wire import EXTENSION
+from ..dgemma.inputs.knobs import KNOBS, SEED_MAX, knobs_from
+from ..dgemma.inputs.pictures import MAX_PIXELS, read_picture
+from ..dgemma.readouts.logprobs import MAX_TOP
+from ..dgemma.readouts.wire import EXTENSION
 from .fields import unsupported
 from .messages import turns_of
 from .structured import constraint_of
@@ -53,7 +53,7 @@ class Job:
     n: int = 1
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # alternatives per answer token, when log-probabilities were asked for
-    chat: tuple | None = None    # the conversation (dgemma.chat.Message), when more than one user turn
+    chat: tuple | None = None    # the conversation (dgemma.inputs.chat.Message), when more than one user turn
     constraint_field: str | None = None  # the request field the constraint came from
     warnings: list = field(default_factory=list)  # fields ignored under --lenient
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ..dgemma.constraint import KINDS, Constraint
+from ..dgemma.constraints.constraint import KINDS, Constraint
 from ..dgemma.errors import InputError
 
 # Any JSON object, as a schema the compiler takes: any keys; strings, numbers, true/false/null,

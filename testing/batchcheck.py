@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dgemma.tokens import frame_texts
+from ..dgemma.inputs.tokens import frame_texts
 
 TRACE_ARRAYS = ("blocks", "steps", "ids", "committed_bits", "stop_bits", "pinned_bits", "constrained_bits", "times",
                 "knob_index")

@@ -18,8 +18,8 @@ PROMPT = "What is 3+4?"
 @torch.no_grad()
 def step_logits(dm, prompt: str = PROMPT, seed: int = 3) -> torch.Tensor:
     """One step's logits (float32, [canvas, vocabulary]) at a seeded canvas after `prompt`."""
-    from ..dgemma.cache import encode_ids, new_cache
-    from ..dgemma.loop import BlockDecoder
+    from ..dgemma.denoising.loop import BlockDecoder
+    from ..dgemma.inputs.cache import encode_ids, new_cache
 
     cache = new_cache(dm.model)
     ids = dm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
@@ -84,8 +84,8 @@ def unserved_meta(model) -> list[str]:
 def forced_split(folder, fast_bytes: int, offload_dir):
     """`folder` loaded as the device plan splits a model too big for its fast tier (`fast_bytes`): the plan's
     device map and budgets, the fast tier (the GPU) played by the CPU and the slow one (CPU RAM) by disk."""
-    from ..dgemma import deviceplan, patches
-    from ..dgemma.quant import model_class
+    from ..dgemma.loading import deviceplan, patches
+    from ..dgemma.loading.quant import model_class
 
     need = deviceplan.Need(fast_bytes * 4, fast_bytes * 4)
     split = deviceplan._split(need, ram=1 << 40, vram=fast_bytes + need.step + deviceplan.CUDA_RESERVE)

@@ -121,8 +121,8 @@ def prepare_autoround(layers: int = REAL_LAYERS, vision_layers: int = 27, expert
     from transformers.quantizers import AutoHfQuantizer
     from transformers.utils import ContextManagers
 
-    from ..dgemma.patches_autoround import merged_tie_patterns
-    from ..dgemma.quant import model_class
+    from ..dgemma.loading.patches_autoround import merged_tie_patterns
+    from ..dgemma.loading.quant import model_class
 
     config = real_config(layers, vision_layers, experts)
     config.quantization_config = quantization_config(layers)

@@ -171,7 +171,7 @@ def _finish_shards(out: Path, count: int) -> None:
 
 
 def _tensor_bytes(path: Path) -> int:
-    from ..dgemma.preflight import safetensors_bytes
+    from ..dgemma.loading.preflight import safetensors_bytes
 
     return safetensors_bytes(path)[0]
 

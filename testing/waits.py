@@ -4,7 +4,7 @@ spent inside torch calls (a TorchFunctionMode sees every torch call made from Py
 A call waits when the host needs its result: a tensor read as a Python value (`item`, `tolist`, `bool`,
 `int`, `float`, `numpy`, `equal`), a copy to the host that blocks, or an op whose output size depends on
 the data (`nonzero`, boolean-mask indexing, `unique`...). On the CPU nothing waits, so every tensor counts
-as the device's except the engine's host buffers (dgemma/stepcopy.py), where a step's one wait ends.
+as the device's except the engine's host buffers (dgemma/denoising/stepcopy.py), where a step's one wait ends.
 Waits inside torch (a kernel's own synchronisation) are not seen: only what Python asks for.
 """
 
@@ -16,7 +16,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..dgemma.stepcopy import is_host
+from ..dgemma.denoising.stepcopy import is_host
 
 READS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__", "equal",
          "allclose", "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}

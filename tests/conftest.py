@@ -70,7 +70,8 @@ def realvocab_model():
 @pytest.fixture
 def no_model_work(monkeypatch):
     """Any encode or decoder forward fails the test: a refusal must come before model work."""
-    from diffusiongemma.dgemma import context, loop, run
+    from diffusiongemma.dgemma.denoising import loop, run
+    from diffusiongemma.dgemma.inputs import context
 
     def refuse(*args, **kwargs):
         pytest.fail("the model ran before the input was refused")

@@ -116,7 +116,7 @@ def recording() -> dict:
     and the stream (parsed events, then "[DONE]") answering what the remote Sampler sends for `knobs`."""
     from remote_server import served
 
-    from diffusiongemma.dgemma.knobs import Knobs
+    from diffusiongemma.dgemma.inputs.knobs import Knobs
     from diffusiongemma.remote.connect import connect
 
     knobs = dict(Knobs().asdict(), num_inference_steps=16, gen_length=32, seed=3, thinking=True)

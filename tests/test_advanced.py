@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.context import encode_context
+from diffusiongemma.dgemma.denoising.resume import Advanced, check_advanced
+from diffusiongemma.dgemma.denoising.schedulers import Scheduling
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.images import render_frames
-from diffusiongemma.dgemma.resume import Advanced, check_advanced
-from diffusiongemma.dgemma.runlog import records, replay
-from diffusiongemma.dgemma.schedulers import Scheduling
-from diffusiongemma.dgemma.states import PINNED
-from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.dgemma.inputs.context import encode_context
+from diffusiongemma.dgemma.inputs.tokens import frame_texts
+from diffusiongemma.dgemma.readouts.images import render_frames
+from diffusiongemma.dgemma.readouts.runlog import records, replay
+from diffusiongemma.dgemma.readouts.states import PINNED
 from diffusiongemma.dgemma.versions import _release
 
 PROMPT = "What is 3+4?"
@@ -246,7 +246,7 @@ def test_start_step_auto_continues_where_the_wired_state_paused(tiny_model):
     from executor import call
 
     from diffusiongemma import NODE_CLASS_MAPPINGS
-    from diffusiongemma.dgemma.resume import AUTO, WINDOW_KNOBS
+    from diffusiongemma.dgemma.denoising.resume import AUTO, WINDOW_KNOBS
 
     cls = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
     assert cls.INPUT_TYPES()["required"]["start_step"][1]["default"] == AUTO == WINDOW_KNOBS["start_step"].lo

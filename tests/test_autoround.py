@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from diffusiongemma.dgemma import Knobs, generate, load_model
 from diffusiongemma.dgemma.demo import DEMO_DIR, DEMO_KNOBS, WORDS, demo_available
-from diffusiongemma.dgemma.quant import packed_names
+from diffusiongemma.dgemma.loading.quant import packed_names
 from diffusiongemma.testing import tiny
 
 _spec = importlib.util.spec_from_file_location("quantize_tiny", REPO / "tools" / "quantize_tiny.py")
@@ -186,7 +186,7 @@ def test_int4_demo_model_still_answers():
 def test_dropped_copies_are_compared_in_the_files_not_through_their_tensors(int4_dir, monkeypatch):
     """On the CPU the weights are mapped from the files: reading an encoder copy the load then drops, through
     its tensors, would keep its pages resident (the whole copy, at the real size)."""
-    from diffusiongemma.dgemma import quant
+    from diffusiongemma.dgemma.loading import quant
 
     def through_memory(a, b):
         raise AssertionError("compared through the tensors")

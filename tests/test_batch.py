@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs
-from diffusiongemma.dgemma.constraint import Constraint
-from diffusiongemma.dgemma.context import encode_context
+from diffusiongemma.dgemma.constraints.constraint import Constraint
 from diffusiongemma.dgemma.demo import colour_image
+from diffusiongemma.dgemma.denoising.resume import Advanced
+from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch
+from diffusiongemma.dgemma.denoising.schedulers import Scheduling
 from diffusiongemma.dgemma.errors import Cancelled, InputError
-from diffusiongemma.dgemma.resume import Advanced
-from diffusiongemma.dgemma.run import prepare, run, run_batch
-from diffusiongemma.dgemma.schedulers import Scheduling
+from diffusiongemma.dgemma.inputs.context import encode_context
 from diffusiongemma.testing.batchcheck import differences, entropy_exact
 
 PROMPTS = ("What is 2+2?", "Hi", "What is 13+29?", "Name a colour, and say why you like it in a few words.",
@@ -128,7 +128,7 @@ def test_max_batch_splits_a_long_list(demo_model, forwards):
 def test_a_batched_forward_groups_each_rows_experts_alone(demo_model, monkeypatch):
     """The experts of a batch compute each row as its solo call does, grouped matmul by grouped matmul; a
     batched grouping (more tokens per expert) rounds otherwise, and the probe refuses it."""
-    from diffusiongemma.dgemma import batch_experts
+    from diffusiongemma.dgemma.denoising import batch_experts
 
     assert batch_experts.experts_by_row(demo_model.model)  # as a batched forward gives it (idempotent)
     layer = demo_model.model.model.decoder.layers[0]
@@ -158,7 +158,7 @@ def test_items_leave_at_once_and_the_next_take_their_place(demo_model, forwards,
     import gc
     import weakref
 
-    from diffusiongemma.dgemma import run as run_module
+    from diffusiongemma.dgemma.denoising import run as run_module
 
     caches, starts = {}, run_module.fresh_start
 
@@ -221,7 +221,8 @@ def test_one_item_is_exactly_the_solo_path(demo_model):
 
 
 def test_the_default_batch_is_what_fits_in_free_memory(demo_model, forwards, monkeypatch):
-    from diffusiongemma.dgemma import batch, preflight
+    from diffusiongemma.dgemma.denoising import batch
+    from diffusiongemma.dgemma.loading import preflight
 
     per_item = batch.item_bytes(demo_model, 100)
     assert per_item >= 26 * demo_model.canvas_length * demo_model.vocab_size  # the device plan's step bytes

@@ -140,7 +140,7 @@ def test_advanced_lists_chain_windows_item_by_item(demo_model):
 
 
 def test_max_batch_bounds_how_many_items_share_a_forward(demo_model, monkeypatch):
-    from diffusiongemma.dgemma import run as engine_run
+    from diffusiongemma.dgemma.denoising import run as engine_run
     from diffusiongemma.dgemma.errors import InputError
 
     assert Sampler.INPUT_TYPES()["optional"]["max_batch"][1]["forceInput"]  # a socket: no template moves

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from diffusiongemma.dgemma import Knobs, batch_step, generate, patches
-from diffusiongemma.dgemma.loop import step_entropy
-from diffusiongemma.dgemma.resume import Advanced
-from diffusiongemma.dgemma.schedulers import Scheduling
+from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.denoising import batch_step
+from diffusiongemma.dgemma.denoising.loop import step_entropy
+from diffusiongemma.dgemma.denoising.resume import Advanced
+from diffusiongemma.dgemma.denoising.schedulers import Scheduling
+from diffusiongemma.dgemma.loading import patches
 
 
 def _scheduler(steps: int = 4):

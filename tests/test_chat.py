@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.chat import Message, chat_ids
-from diffusiongemma.dgemma.context import encode_chat
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.tokens import prompt_ids
+from diffusiongemma.dgemma.inputs.chat import Message, chat_ids
+from diffusiongemma.dgemma.inputs.context import encode_chat
+from diffusiongemma.dgemma.inputs.tokens import prompt_ids
 
 CONVERSATION = [Message("system", "You answer in words."), Message("user", "What is 2+2?"),
                 Message("assistant", "four"), Message("user", "What is 3+4?")]

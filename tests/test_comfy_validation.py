@@ -13,7 +13,7 @@ import pytest
 
 from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.knobs import KNOBS
+from diffusiongemma.dgemma.inputs.knobs import KNOBS
 
 KNOB_VALUES = {name: spec.default for name, spec in KNOBS.items()}
 ADVANCED = {"prompt": "What is 1+2?", "scheduler": "entropy_bound", "start_step": 0, "end_step": 1024, "pins": "",

@@ -12,12 +12,12 @@ import pytest
 
 from diffusiongemma.dgemma import Constraint, Knobs, generate
 from diffusiongemma.dgemma.demo import DEMO_KNOBS, WORDS
+from diffusiongemma.dgemma.denoising.resume import Advanced
+from diffusiongemma.dgemma.denoising.schedulers import SCHEDULERS, Scheduling
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.resume import Advanced
-from diffusiongemma.dgemma.runlog import records, replay
-from diffusiongemma.dgemma.schedulers import SCHEDULERS, Scheduling
-from diffusiongemma.dgemma.states import CONSTRAINED
-from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.dgemma.inputs.tokens import frame_texts
+from diffusiongemma.dgemma.readouts.runlog import records, replay
+from diffusiongemma.dgemma.readouts.states import CONSTRAINED
 from diffusiongemma.testing.schemas import SCHEMAS, SUM
 
 REGEX = r"[0-9]{3}-[a-z]{2,4}"
@@ -78,8 +78,8 @@ def test_demo_answers_valid_over_many_seeds(demo_model, kind, text):
     ("regex", "^[0-9]{3}-[a-z]{2,4}$", ["123-ab", "123-abcd"]),
 ])
 def test_every_answer_can_be_written_even_one_that_extends_another(demo_model, kind, text, answers):
-    from diffusiongemma.dgemma.automaton import DONE, START
-    from diffusiongemma.dgemma.constraint import automaton
+    from diffusiongemma.dgemma.constraints.automaton import DONE, START
+    from diffusiongemma.dgemma.constraints.constraint import automaton
 
     found = automaton(demo_model, Constraint(kind, text))
     eos = demo_model.eos_ids[0]

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from diffusiongemma.dgemma import Constraint, Knobs, generate
-from diffusiongemma.dgemma import constraint_budget as budget
-from diffusiongemma.dgemma.constraint import automaton
+from diffusiongemma.dgemma.constraints import constraint_budget as budget
+from diffusiongemma.dgemma.constraints.constraint import automaton
 from diffusiongemma.dgemma.errors import Cancelled, InputError
 
 

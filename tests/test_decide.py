@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs
-from diffusiongemma.dgemma.context import encode_context
-from diffusiongemma.dgemma.decide import decide, prepare_decision, read_plan
 from diffusiongemma.dgemma.demo import colour_image
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.runlog import records
-from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.dgemma.inputs.context import encode_context
+from diffusiongemma.dgemma.inputs.tokens import frame_texts
+from diffusiongemma.dgemma.readouts.decide import decide, prepare_decision, read_plan
+from diffusiongemma.dgemma.readouts.runlog import records
 from diffusiongemma.testing.brute_decide import brute_probabilities
 
 SUMS = ["six", "seven", "sixteen", "seventeen", "eleven"]  # prefixes of each other, and several lengths
@@ -143,7 +143,7 @@ def test_the_node_reads_a_picture_and_feeds_the_run_log_writer(demo_model, tmp_p
 
 
 def test_pictures_are_the_same_every_time(demo_model):
-    from diffusiongemma.dgemma.decide_pictures import chart, trace_lines
+    from diffusiongemma.dgemma.readouts.decide_pictures import chart, trace_lines
 
     found = decide(demo_model, "What is 1+1?", ["one", "two", "three"], samples=2, knobs=Knobs(seed=0))
     assert np.array_equal(chart(found), chart(found)) and np.array_equal(trace_lines(found), trace_lines(found))

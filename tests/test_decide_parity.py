@@ -19,9 +19,9 @@ pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK is not installed
 from mcp import Client  # noqa: E402
 
 from diffusiongemma.dgemma import Knobs  # noqa: E402
-from diffusiongemma.dgemma.context import encode_context  # noqa: E402
-from diffusiongemma.dgemma.decide import decide  # noqa: E402
 from diffusiongemma.dgemma.demo import colour_image  # noqa: E402
+from diffusiongemma.dgemma.inputs.context import encode_context  # noqa: E402
+from diffusiongemma.dgemma.readouts.decide import decide  # noqa: E402
 from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.inputs import image as read_image  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from diffusiongemma.dgemma import Cancelled, Knobs, generate
-from diffusiongemma.dgemma.tokens import prompt_ids
+from diffusiongemma.dgemma.inputs.tokens import prompt_ids
 
 FAST = dict(num_inference_steps=4, confidence=0.0)
 
@@ -107,7 +107,7 @@ def test_bad_knobs_are_refused_with_name_and_value(field, value, words):
 
 
 def test_bad_inputs_fail_before_the_model_runs(tiny_model, monkeypatch):
-    import diffusiongemma.dgemma.run as run
+    import diffusiongemma.dgemma.denoising.run as run
 
     monkeypatch.setattr(run, "encode_ids", lambda *a, **k: pytest.fail("model ran"))
     with pytest.raises(ValueError, match="prompt is empty"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diffusiongemma.dgemma.excision import excise, thought_text
+from diffusiongemma.dgemma.readouts.excision import excise, thought_text
 
 OPEN, CLOSE, EOS, TURN, PAD = 100, 101, 1, 106, 0
 T, A = [455, 443], [454, 440]  # some thought ids, some answer ids

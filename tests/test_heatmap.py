@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from diffusiongemma.dgemma import CanvasTrace, Knobs
-from diffusiongemma.dgemma import heatmap as hm
-from diffusiongemma.dgemma.states import NEW, NOISE, PALETTE, SETTLED
+from diffusiongemma.dgemma.readouts import heatmap as hm
+from diffusiongemma.dgemma.readouts.states import NEW, NOISE, PALETTE, SETTLED
 
 
 def trace_of(accepted, entropy=None, blocks=None, stopped=(False, True)) -> CanvasTrace:

@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import features
 
-from diffusiongemma.dgemma import CanvasTrace, Knobs, images
-from diffusiongemma.dgemma.fonts import BLANK, SUBSTITUTE, WIDE_SUBSTITUTE, default_atlas
+from diffusiongemma.dgemma import CanvasTrace, Knobs
+from diffusiongemma.dgemma.readouts import images
+from diffusiongemma.dgemma.readouts.fonts import BLANK, SUBSTITUTE, WIDE_SUBSTITUTE, default_atlas
 from diffusiongemma.testing.tiny_tokenizer import _filler_pieces
 
 VOCAB = ["<pad>", "<turn|>", " The", " quick", " brown", " fox", "\n", " jumps", "Привет", " λόγος",

@@ -13,12 +13,12 @@ from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Knobs, generate, load_model
-from diffusiongemma.dgemma.cache import encode_ids, new_cache
-from diffusiongemma.dgemma.context import KVCache, encode_context
-from diffusiongemma.dgemma.loop import denoise_blocks
-from diffusiongemma.dgemma.runlog import records
-from diffusiongemma.dgemma.tokens import context_ids, frame_texts, prompt_ids
-from diffusiongemma.dgemma.trace import Recorder
+from diffusiongemma.dgemma.denoising.loop import denoise_blocks
+from diffusiongemma.dgemma.inputs.cache import encode_ids, new_cache
+from diffusiongemma.dgemma.inputs.context import KVCache, encode_context
+from diffusiongemma.dgemma.inputs.tokens import context_ids, frame_texts, prompt_ids
+from diffusiongemma.dgemma.readouts.runlog import records
+from diffusiongemma.dgemma.readouts.trace import Recorder
 from diffusiongemma.runner.execute import run_graph
 
 CONTEXT = "The quick brown fox jumps over the lazy dog. " * 14  # 630 tokens: past the 512 sliding window
@@ -114,7 +114,7 @@ def test_encode_advance_equals_minting_the_whole_text(tiny_model):
 
 def test_a_cache_from_another_model_is_refused_before_any_work(tiny_model, demo_model, context, tmp_path,
                                                                tiny_dir, monkeypatch):
-    import diffusiongemma.dgemma.run as run
+    import diffusiongemma.dgemma.denoising.run as run
 
     monkeypatch.setattr(run, "encode_ids", lambda *a, **k: pytest.fail("model ran"))
     with pytest.raises(ValueError, match="another geometry"):

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from diffusiongemma.dgemma import load_model, preflight, versions
-from diffusiongemma.dgemma.deviceplan import GIB, Need, plan
+from diffusiongemma.dgemma import load_model, versions
+from diffusiongemma.dgemma.loading import preflight
+from diffusiongemma.dgemma.loading.deviceplan import GIB, Need, plan
 from diffusiongemma.nodes import host
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Constraint, Knobs, generate
+from diffusiongemma.dgemma.denoising.resume import Advanced
+from diffusiongemma.dgemma.denoising.run import prepare, run_batch
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.resume import Advanced
-from diffusiongemma.dgemma.run import prepare, run_batch
 
 PROMPT = "What is 3+4?"
 

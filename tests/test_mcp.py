@@ -16,7 +16,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK is not installed
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from diffusiongemma.dgemma import generate, load_model  # noqa: E402
-from diffusiongemma.dgemma.knobs import KNOBS, Knobs  # noqa: E402
+from diffusiongemma.dgemma.inputs.knobs import KNOBS, Knobs  # noqa: E402
 from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402
 
@@ -210,7 +210,7 @@ def test_a_misspelled_knob_is_refused_not_ignored(demo_model):
 
 
 def test_bad_encode_inputs_are_refused_with_the_engines_messages(demo_model):
-    from diffusiongemma.dgemma.context import encode_context
+    from diffusiongemma.dgemma.inputs.context import encode_context
 
     srv = serve(demo_model)
     empty = call(srv, "encode", {"text": " "})

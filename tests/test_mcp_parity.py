@@ -16,10 +16,10 @@ pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK is not installed
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from diffusiongemma.dgemma import generate  # noqa: E402
+from diffusiongemma.dgemma import Knobs, generate  # noqa: E402
 from diffusiongemma.dgemma.demo import colour_image  # noqa: E402
-from diffusiongemma.dgemma.resume import Advanced  # noqa: E402
-from diffusiongemma.dgemma.schedulers import Scheduling  # noqa: E402
+from diffusiongemma.dgemma.denoising.resume import Advanced  # noqa: E402
+from diffusiongemma.dgemma.denoising.schedulers import Scheduling  # noqa: E402
 from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402
 
@@ -110,7 +110,7 @@ def test_scheduler_and_its_knobs_reach_the_engine_and_the_config(demo_model):
     args = {**ASK, "scheduler": "block_refinement", "threshold": 0.5, "num_inference_steps": 16}
     out = call(srv, "generate", args).structured_content
     direct = generate(demo_model, ASK["prompt"], advanced=Advanced(Scheduling("block_refinement", threshold=0.5)),
-                      knobs=__import__("diffusiongemma.dgemma.knobs", fromlist=["Knobs"]).Knobs(num_inference_steps=16))
+                      knobs=Knobs(num_inference_steps=16))
     assert out["text"] == direct.text and out["canvas_state"]["steps_used"] == direct.state.steps_used
     assert out["config"]["advanced"]["scheduler"] == "block_refinement"
     assert out["config"]["advanced"]["threshold"] == 0.5
@@ -224,7 +224,7 @@ def test_an_output_dir_that_is_a_file_is_refused_before_the_run(demo_model, tmp_
 
 
 def test_a_seed_past_two_to_the_53_given_as_digits_runs_exactly(demo_model):
-    from diffusiongemma.dgemma.knobs import Knobs
+    from diffusiongemma.dgemma.inputs.knobs import Knobs
 
     big = 2**64 - 1
     out = call(build_server(Engine(dm=demo_model)), "generate", {**ASK, "seed": str(big)}).structured_content

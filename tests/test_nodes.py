@@ -14,8 +14,8 @@ from conftest import REPO
 from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, WEB_DIRECTORY
-from diffusiongemma.dgemma.images import Asked, render_images
-from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.dgemma.inputs.tokens import frame_texts
+from diffusiongemma.dgemma.readouts.images import Asked, render_images
 from diffusiongemma.nodes import host
 from diffusiongemma.nodes.decide import DECIDE_OUTPUTS
 from diffusiongemma.nodes.loader import model_choices
@@ -138,7 +138,7 @@ def test_denoise_without_a_cache_is_the_sampler(demo):
 
 
 def demo_prompt_ids(dm, prompt):
-    from diffusiongemma.dgemma.tokens import prompt_ids
+    from diffusiongemma.dgemma.inputs.tokens import prompt_ids
 
     return prompt_ids(dm, prompt, thinking=False)
 
@@ -227,7 +227,7 @@ def test_a_refused_run_leaves_the_view_alone_and_a_failing_run_says_so(tmp_path,
         with pytest.raises(ValueError, match="prompt is empty"):
             call(Sampler, model=demo, prompt="  ", **KNOBS)
         assert comfy.events == []  # refused before the start event: the view keeps the last run
-        import diffusiongemma.dgemma.run as run
+        import diffusiongemma.dgemma.denoising.run as run
 
         def broken(*args, **kwargs):
             raise RuntimeError("CUDA out of memory")

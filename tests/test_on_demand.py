@@ -12,7 +12,7 @@ import torch
 from conftest import REPO
 from fakecomfy import CachingExecutor, cache_key, installed
 
-from diffusiongemma.dgemma.images import Asked, render_images
+from diffusiongemma.dgemma.readouts.images import Asked, render_images
 from diffusiongemma.nodes import ON_DEMAND_CLASSES, host, sampler, wiring
 from diffusiongemma.nodes.sampler import DGemmaSampler
 from diffusiongemma.runner.execute import CLASSES, call_node

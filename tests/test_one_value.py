@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 
 from diffusiongemma.dgemma import Constraint, Knobs, generate
+from diffusiongemma.dgemma.constraints.one_value import one_value
 from diffusiongemma.dgemma.demo import DEMO_KNOBS, WORDS
-from diffusiongemma.dgemma.one_value import one_value
 from diffusiongemma.testing.schemas import SCHEMAS, SUM
 
 

@@ -14,7 +14,7 @@ from remote_server import served
 from serve_client import health
 
 from diffusiongemma.dgemma.demo import WORDS
-from diffusiongemma.dgemma.tokens import prompt_ids
+from diffusiongemma.dgemma.inputs.tokens import prompt_ids
 from diffusiongemma.testing.schemas import SUM
 
 MODEL = "diffusiongemma-demo"

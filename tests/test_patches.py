@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from diffusiongemma.dgemma import patches, patches_autoround
-from diffusiongemma.dgemma.quant import shared_copy_bytes
+from diffusiongemma.dgemma.loading import patches, patches_autoround
+from diffusiongemma.dgemma.loading.quant import shared_copy_bytes
 from diffusiongemma.testing import realslice
 
 
@@ -64,7 +64,7 @@ def test_identical_encoder_copies_are_budgeted_as_dropped(tmp_path):
     """The small twin is quantized by rounding alone: every encoder packed copy equals the decoder's."""
     from conftest import cache_base
 
-    from diffusiongemma.dgemma import preflight
+    from diffusiongemma.dgemma.loading import preflight
 
     folder = realslice.int4_dir(realslice.SMALL, cache_base())
     headers = preflight.read_headers(folder)
@@ -197,7 +197,7 @@ def test_every_patch_goes_through_one_module_and_no_patch_module_imports_its_imp
 def test_a_swap_restores_its_attributes_also_when_the_block_fails():
     import types
 
-    from diffusiongemma.dgemma import patching
+    from diffusiongemma.dgemma.loading import patching
 
     target = types.SimpleNamespace(a=1, b=2)
     with patching.swap(target, a=10):

@@ -4,11 +4,11 @@ an advanced run's config holds what repeating it needs. On the trained demo mode
 from __future__ import annotations
 
 from diffusiongemma.dgemma import generate
-from diffusiongemma.dgemma.knobs import Knobs
-from diffusiongemma.dgemma.resume import Advanced
-from diffusiongemma.dgemma.runlog import records
-from diffusiongemma.dgemma.schedulers import SCHEDULER_KNOBS, Scheduling
-from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.dgemma.denoising.resume import Advanced
+from diffusiongemma.dgemma.denoising.schedulers import SCHEDULER_KNOBS, Scheduling
+from diffusiongemma.dgemma.inputs.knobs import Knobs
+from diffusiongemma.dgemma.inputs.tokens import frame_texts
+from diffusiongemma.dgemma.readouts.runlog import records
 
 ASK = "What is 3+4?"
 
@@ -65,7 +65,7 @@ def test_an_advanced_run_config_repeats_the_run(demo_model):
 
 
 def test_the_window_start_applies_to_the_first_block_and_later_blocks_start_at_zero(demo_model):
-    from diffusiongemma.dgemma.resume import WINDOW_KNOBS
+    from diffusiongemma.dgemma.denoising.resume import WINDOW_KNOBS
 
     trace = generate(demo_model, ASK, advanced=Advanced(start_step=5, pins="The answer is ___.")).trace
     firsts = {int(b): int(trace.steps[trace.blocks == b][0]) for b in sorted(set(trace.blocks.tolist()))}

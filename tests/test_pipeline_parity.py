@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.threads import compute_threads
+from diffusiongemma.dgemma.denoising.threads import compute_threads
 from diffusiongemma.dgemma.versions import _release
 
 pytestmark = [

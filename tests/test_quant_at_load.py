@@ -11,8 +11,8 @@ import torch
 from conftest import cache_base
 
 from diffusiongemma.dgemma import Knobs, generate, load_model
-from diffusiongemma.dgemma import quant_at_load as qal
-from diffusiongemma.dgemma import weightquant as wq
+from diffusiongemma.dgemma.loading import quant_at_load as qal
+from diffusiongemma.dgemma.loading import weightquant as wq
 from diffusiongemma.testing import fitcheck, realslice
 
 MODES = ("4bit", "8bit")

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from diffusiongemma.dgemma import Knobs, generate, heatmap, images
-from diffusiongemma.dgemma.runlog import read_log, records, replay, write_jsonl
-from diffusiongemma.dgemma.states import NOISE, PALETTE
-from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.inputs.tokens import frame_texts
+from diffusiongemma.dgemma.readouts import heatmap, images
+from diffusiongemma.dgemma.readouts.runlog import read_log, records, replay, write_jsonl
+from diffusiongemma.dgemma.readouts.states import NOISE, PALETTE
 from diffusiongemma.nodes.events import StepStream
 
 

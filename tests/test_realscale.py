@@ -14,9 +14,9 @@ import time
 import auto_round  # noqa: F401
 import pytest
 
-from diffusiongemma.dgemma import deviceplan
-from diffusiongemma.dgemma.patches_autoround import merge_patterns
-from diffusiongemma.dgemma.quant import model_class, packed_names
+from diffusiongemma.dgemma.loading import deviceplan
+from diffusiongemma.dgemma.loading.patches_autoround import merge_patterns
+from diffusiongemma.dgemma.loading.quant import model_class, packed_names
 from diffusiongemma.testing import realscale as rs
 
 GB, GIB = 10**9, 1024**3
@@ -81,7 +81,7 @@ def test_merged_patterns_match_what_each_pattern_matches():
 
 def test_the_merge_applies_to_the_installed_auto_round():
     """A version or code change in auto-round turns the merge off; the pack then needs a fresh check."""
-    from diffusiongemma.dgemma import patches_autoround
+    from diffusiongemma.dgemma.loading import patches_autoround
 
     assert patches_autoround._autoround_convert_module() is not None
 
@@ -124,7 +124,7 @@ def machine(card: int, ram: int) -> dict:
 
 def all_needs(stored: str = "none") -> dict:
     """Every mode's Need at the real geometry, as the loader works them out for the bf16 (or INT4) checkpoint."""
-    from diffusiongemma.dgemma import quant_at_load
+    from diffusiongemma.dgemma.loading import quant_at_load
 
     shape = quant_at_load.geometry(rs.real_config())
     step = deviceplan.step_bytes(TEXT, 256, deviceplan.LOAD_CONTEXT)

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from diffusiongemma.dgemma import load_model, outfiles, quant
+from diffusiongemma.dgemma import load_model
+from diffusiongemma.dgemma.loading import quant
+from diffusiongemma.dgemma.readouts import outfiles
 from diffusiongemma.nodes.loader import DGemmaLoader
 
 HUB_ID = "google/diffusiongemma-26B-A4B-it"
@@ -209,7 +211,7 @@ def test_hub_config_is_vetted_before_transformers(tiny_dir, tmp_path, monkeypatc
 def test_hub_index_names_are_matched_to_the_config(monkeypatch, qc, names, words):
     from types import SimpleNamespace
 
-    from diffusiongemma.dgemma import loading, preflight
+    from diffusiongemma.dgemma.loading import loading, preflight
 
     monkeypatch.setattr(preflight, "hub_index", lambda repo, local: {"weight_map": dict.fromkeys(names, "m.st")})
     with pytest.raises(ValueError) as err:

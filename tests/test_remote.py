@@ -18,7 +18,7 @@ from remote_server import served
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma.errors import Cancelled, InputError
-from diffusiongemma.dgemma.knobs import Knobs
+from diffusiongemma.dgemma.inputs.knobs import Knobs
 from diffusiongemma.nodes import host
 from diffusiongemma.remote.connect import connect
 from diffusiongemma.remote.http import RemoteError
@@ -200,7 +200,7 @@ def test_a_client_that_disconnects_cancels_its_run(remote):
 
 
 def test_concurrent_clients_are_all_served_correctly(demo_model, remote):
-    from diffusiongemma.dgemma.run import generate
+    from diffusiongemma.dgemma.denoising.run import generate
 
     seeds = list(range(20, 28))
     knobs = {s: Knobs(seed=s, thinking=True, num_inference_steps=8) for s in seeds}

@@ -14,7 +14,7 @@ from remote_server import served
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.knobs import Knobs
+from diffusiongemma.dgemma.inputs.knobs import Knobs
 from diffusiongemma.nodes import host
 from diffusiongemma.testing.schemas import SUM
 

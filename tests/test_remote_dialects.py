@@ -14,7 +14,7 @@ from fake_engine import engine
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.knobs import Knobs
+from diffusiongemma.dgemma.inputs.knobs import Knobs
 from diffusiongemma.nodes import host
 
 FIXTURES = REPO / "tests" / "fixtures" / "remote"

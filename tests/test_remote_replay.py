@@ -139,7 +139,7 @@ def test_a_text_is_checked_against_what_its_ids_decode_to_with_the_real_vocabula
     from conftest import checkpoint
     from transformers import AutoTokenizer
 
-    from diffusiongemma.dgemma.tokens import display_strings
+    from diffusiongemma.dgemma.inputs.tokens import display_strings
     from diffusiongemma.remote.verify import spells
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint("real-vocab")))

@@ -8,7 +8,7 @@ from executor import call
 from remote_server import served
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
-from diffusiongemma.dgemma.knobs import Knobs
+from diffusiongemma.dgemma.inputs.knobs import Knobs
 from diffusiongemma.remote.connect import connect
 
 Advanced = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]

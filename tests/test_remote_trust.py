@@ -15,7 +15,7 @@ from hostile_server import PROMPT, card, final, pack_answer, recording, send, se
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma.errors import Cancelled, InputError
-from diffusiongemma.dgemma.knobs import Knobs
+from diffusiongemma.dgemma.inputs.knobs import Knobs
 from diffusiongemma.remote.access import ALLOW_HTTP, TOKEN_VARS
 from diffusiongemma.remote.connect import connect
 from diffusiongemma.remote.http import Interrupted, Remote, RemoteError

@@ -12,8 +12,8 @@ from executor import call
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Constraint, Knobs
 from diffusiongemma.dgemma.demo import colour_image
-from diffusiongemma.dgemma.resume import Advanced
-from diffusiongemma.dgemma.run import prepare, run, run_batch
+from diffusiongemma.dgemma.denoising.resume import Advanced
+from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch
 from diffusiongemma.testing.batchcheck import differences, entropy_exact
 from diffusiongemma.testing.schemas import SUM
 
@@ -63,8 +63,10 @@ PROMPTS = ["What is 2+2?", "What is 3+4?", "What is 1+1?"]
 def counts(monkeypatch):
     """Calls, per list run, of each step of an item's check: the request, the constraint's compile, the run's
     guide, the chat template and the image processor."""
-    from diffusiongemma.dgemma import backend, decide, guide
-    from diffusiongemma.dgemma import run as engine
+    from diffusiongemma.dgemma import backend
+    from diffusiongemma.dgemma.constraints import guide
+    from diffusiongemma.dgemma.denoising import run as engine
+    from diffusiongemma.dgemma.readouts import decide
 
     seen = Counter()
     for module, name in ((backend, "prepare"), (decide, "prepare"), (engine, "guide_for"), (guide.Guide, "__init__"),

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.runlog import SCHEMA, records, write_jsonl
-from diffusiongemma.dgemma.tokens import frame_texts
+from diffusiongemma.dgemma.inputs.tokens import frame_texts
+from diffusiongemma.dgemma.readouts.runlog import SCHEMA, records, write_jsonl
 
 HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "prompt", "model_source", "seed",
           "num_inference_steps_requested", "num_inference_steps_effective", "gen_length", "t_min", "t_max",

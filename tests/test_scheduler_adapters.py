@@ -8,9 +8,9 @@ from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Knobs
+from diffusiongemma.dgemma.denoising.schedulers import REGISTRY, SchedulerAdapter, Scheduling, StepOutput, unregister
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.knobs import KnobSpec
-from diffusiongemma.dgemma.schedulers import REGISTRY, SchedulerAdapter, Scheduling, StepOutput, unregister
+from diffusiongemma.dgemma.inputs.knobs import KnobSpec
 
 Advanced = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
 BASE = dict(prompt="What is 3+4?", seed=5, num_inference_steps=4, t_min=0.4, t_max=0.8, entropy_bound=0.1,
@@ -90,8 +90,8 @@ def test_each_adapter_reads_its_config_back_from_the_built_scheduler(name):
 
 
 def test_a_step_reads_its_temperature_from_the_built_scheduler_and_a_plain_trace_names_the_default():
-    from diffusiongemma.dgemma import schedulers
-    from diffusiongemma.dgemma.trace import Recorder
+    from diffusiongemma.dgemma.denoising import schedulers
+    from diffusiongemma.dgemma.readouts.trace import Recorder
 
     knobs = Knobs(num_inference_steps=4, t_min=0.4, t_max=0.8)
     built = Scheduling().build(knobs, 32, "cpu")
@@ -106,7 +106,7 @@ def test_a_step_reads_its_temperature_from_the_built_scheduler_and_a_plain_trace
 
 def test_the_schedulers_that_rarely_stop_say_so(tiny_model):
     from diffusiongemma.dgemma import generate
-    from diffusiongemma.dgemma.resume import Advanced as Adv
+    from diffusiongemma.dgemma.denoising.resume import Advanced as Adv
 
     knobs = Knobs(seed=1, num_inference_steps=4, gen_length=32)
     assert "unscaled logits" in Advanced.INPUT_TYPES()["required"]["scheduler"][1]["tooltip"]

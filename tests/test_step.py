@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from diffusiongemma.dgemma import Knobs, fastpath, generate, loop
-from diffusiongemma.dgemma.stepcopy import StepCopy, pack
-from diffusiongemma.dgemma.trace import Recorder
+from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.denoising import fastpath, loop
+from diffusiongemma.dgemma.denoising.stepcopy import StepCopy, pack
+from diffusiongemma.dgemma.readouts.trace import Recorder
 from diffusiongemma.testing.waits import DeviceCalls
 
 TRACE = ("blocks", "steps", "ids", "committed_bits", "stop_bits", "pinned_bits", "constrained_bits", "entropy", "times")
@@ -52,7 +53,7 @@ def test_a_step_waits_once_and_its_forward_never(tiny_model, monkeypatch):
 
 
 def test_a_batched_step_waits_once_for_all_its_lanes(tiny_model, monkeypatch):
-    from diffusiongemma.dgemma.run import prepare, run_batch
+    from diffusiongemma.dgemma.denoising.run import prepare, run_batch
 
     knobs = Knobs(seed=2, num_inference_steps=5, gen_length=512, confidence=0.5)
     requests = [prepare(tiny_model, prompt, knobs) for prompt in ("hello", "a longer prompt here", "hi")]

@@ -7,7 +7,7 @@ import threading
 import torch
 
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.threads import compute_threads
+from diffusiongemma.dgemma.denoising.threads import compute_threads
 
 
 def test_small_model_runs_on_one_thread_and_restores(tiny_model):

@@ -11,12 +11,12 @@ from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.context import encode_context
 from diffusiongemma.dgemma.demo import colour_image
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.runlog import records
-from diffusiongemma.dgemma.tokens import frame_texts, prompt_ids
-from diffusiongemma.dgemma.vision import MAX_IMAGES, prepare_images
+from diffusiongemma.dgemma.inputs.context import encode_context
+from diffusiongemma.dgemma.inputs.tokens import frame_texts, prompt_ids
+from diffusiongemma.dgemma.inputs.vision import MAX_IMAGES, prepare_images
+from diffusiongemma.dgemma.readouts.runlog import records
 
 Sampler, Denoise, Encode = (NODE_CLASS_MAPPINGS[n] for n in ("DGemmaSampler", "DGemmaDenoise", "DGemmaEncode"))
 FAST = Knobs(seed=5, num_inference_steps=3, gen_length=8, confidence=0.0)
@@ -97,7 +97,7 @@ def test_an_image_alone_is_a_turn(tiny_model, encoder_calls):
 
 
 def test_run_config_and_run_log_record_the_image_not_its_pixels(tiny_model):
-    from diffusiongemma.dgemma.images import Asked
+    from diffusiongemma.dgemma.readouts.images import Asked
 
     result = generate(tiny_model, "What colour is this?", FAST, image=red(96, 48))
     record = result.config.image

@@ -14,8 +14,8 @@ from conftest import checkpoint
 
 from diffusiongemma.dgemma import Knobs, generate, load_model
 from diffusiongemma.dgemma.demo import colour_image
-from diffusiongemma.dgemma.tokens import prompt_ids
-from diffusiongemma.dgemma.vision import prepare_images, to_uint8
+from diffusiongemma.dgemma.inputs.tokens import prompt_ids
+from diffusiongemma.dgemma.inputs.vision import prepare_images, to_uint8
 
 pytest.importorskip("torchvision")
 

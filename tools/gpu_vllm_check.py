@@ -25,7 +25,7 @@ from headless import load_pack  # noqa: E402
 
 load_pack()
 from diffusiongemma.dgemma.demo import DEMO_DIR  # noqa: E402
-from diffusiongemma.dgemma.knobs import Knobs  # noqa: E402
+from diffusiongemma.dgemma.inputs.knobs import Knobs  # noqa: E402
 from diffusiongemma.remote.connect import connect  # noqa: E402
 from diffusiongemma.remote.text import VllmBackend  # noqa: E402
 

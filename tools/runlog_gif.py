@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from diffusiongemma.dgemma.images import Asked, render_frames  # noqa: E402
-from diffusiongemma.dgemma.runlog import read_log, replay  # noqa: E402
+from diffusiongemma.dgemma.readouts.images import Asked, render_frames  # noqa: E402
+from diffusiongemma.dgemma.readouts.runlog import read_log, replay  # noqa: E402
 
 FORMATS = {".png": ("PNG", {}), ".webp": ("WEBP", {"lossless": True}), ".gif": ("GIF", {})}
 

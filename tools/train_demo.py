@@ -37,9 +37,9 @@ from headless import load_pack  # noqa: E402
 
 load_pack()
 from diffusiongemma.dgemma.demo import COLOURS, IMAGE_QUESTION, IMAGE_SIZES, WORDS, colour_image  # noqa: E402
+from diffusiongemma.dgemma.inputs.tokens import prompt_ids  # noqa: E402
+from diffusiongemma.dgemma.inputs.vision import prepare_images  # noqa: E402
 from diffusiongemma.dgemma.payloads import DGemmaModel  # noqa: E402
-from diffusiongemma.dgemma.tokens import prompt_ids  # noqa: E402
-from diffusiongemma.dgemma.vision import prepare_images  # noqa: E402
 from diffusiongemma.testing.tiny import build_model, image_processor, save_checkpoint  # noqa: E402
 
 ANSWER_WEIGHT = 3.0

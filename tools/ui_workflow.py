@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from diffusiongemma.dgemma.images import renderer  # noqa: E402
+from diffusiongemma.dgemma.readouts.images import renderer  # noqa: E402
 from diffusiongemma.runner.execute import CLASSES  # noqa: E402
 from diffusiongemma.runner.graph import input_specs, is_link, is_widget, widget_layout  # noqa: E402
 

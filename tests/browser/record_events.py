@@ -53,7 +53,7 @@ BATCH_PROMPTS = ("What is 2+2?", "What is 3+4?", "What is 13+29?", "What is 5+6?
 def record_batch(dm) -> list[dict]:
     """The events a Sampler node sends for a list of four prompts, built by the node's own BatchStream."""
     from diffusiongemma.dgemma import Knobs
-    from diffusiongemma.dgemma.run import prepare, run_batch
+    from diffusiongemma.dgemma.denoising.run import prepare, run_batch
     from diffusiongemma.nodes import events
 
     knobs = [Knobs(seed=i, num_inference_steps=12, gen_length=(32, 32, 64, 64)[i]) for i in range(4)]

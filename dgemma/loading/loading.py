@@ -1,0 +1,262 @@
+"""Load a DiffusionGemma checkpoint (folder or hub id) into a DGemmaModel."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from ..errors import LoadCancelled
+from ..inputs.tokens import check_template, tokenizer_fingerprint
+from ..payloads import DGemmaModel
+from . import deviceplan, patches, patching, preflight, quant_at_load
+from .identity import checkpoint_identity
+from .preflight import short
+from .quant import MADE_AT_LOAD, after_load, check_packed, check_quant, model_class, quant_method, shared_copy_bytes
+from .quant_at_load import quantization_config
+from .weightquant import has_bitsandbytes
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+DEVICES = ("auto", "cuda", "cpu")
+DEFAULT_HUB_ID = "google/diffusiongemma-26B-A4B-it"
+
+
+def resolve_device(device: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {short(device)}; pick one of those")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device is 'cuda' but this torch sees no CUDA GPU; choose device 'cpu' or 'auto', "
+                         "or install a CUDA build of torch")
+
+
+def resolve_dtype(dtype: str):
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {short(dtype)}; pick one of those")
+    return "auto" if dtype == "auto" else getattr(torch, dtype)
+
+
+def check_source(source: str) -> Path | None:
+    """A local folder must hold config.json; anything else is taken as a hub id."""
+    if source is not None and not isinstance(source, str):
+        raise ValueError(f"model source must be text (a checkpoint folder or a hub id), got {short(source)} "
+                         f"({type(source).__name__}); give a folder path or a hub id such as {DEFAULT_HUB_ID!r}")
+    if not source or not str(source).strip():
+        raise ValueError("model source is empty; give a checkpoint folder or a hub id such as "
+                         f"{DEFAULT_HUB_ID!r}")
+    path = Path(os.path.expanduser(str(source)))
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        is_dir, exists = False, False
+    if is_dir:
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model folder {short(str(path))} has no config.json; point the loader at the folder "
+                             "that holds config.json and the *.safetensors files")
+        return path
+    if exists or str(source).startswith((".", "/", "~")) or str(source).count("/") != 1:
+        raise ValueError(f"model source {short(source)} is neither a checkpoint folder nor a hub id like "
+                         f"{DEFAULT_HUB_ID!r}; check the path")
+    return None
+
+
+def load_tokenizer(source, local_files_only: bool, vocab_size: int):
+    """AutoProcessor first (the real checkpoint's needs torchvision), then AutoTokenizer."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    try:
+        processor = AutoProcessor.from_pretrained(source, local_files_only=local_files_only,
+                                                  trust_remote_code=False)
+    except (ImportError, OSError, ValueError, TypeError, KeyError, AttributeError):
+        processor = None
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if tokenizer is None or not hasattr(tokenizer, "convert_ids_to_tokens"):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only,
+                                                      trust_remote_code=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"no tokenizer could be loaded from {str(source)!r} ({exc}); the checkpoint needs "
+                             "tokenizer.json and tokenizer_config.json beside config.json") from exc
+        processor = processor or tokenizer
+    renders = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
+    if len(tokenizer) < 0.9 * vocab_size or not renders:
+        # transformers can build a placeholder tokenizer from config.json alone; that is not this model's
+        raise ValueError(f"no tokenizer matching the model was found in {str(source)!r} ({len(tokenizer)} tokens "
+                         f"for a {vocab_size}-token model, chat template {'present' if renders else 'missing'}); "
+                         "the checkpoint needs tokenizer.json, tokenizer_config.json and its chat template")
+    return tokenizer, processor
+
+
+def load_image_processor(source, local_files_only: bool, processor):
+    """The processor's image half: Gemma4Processor's own, else the checkpoint's preprocessor_config.json
+    (tiny checkpoints, or the real one without torchvision). None: images are refused at run time."""
+    found = getattr(processor, "image_processor", None)
+    if found is not None:
+        return found
+    from transformers import AutoImageProcessor
+
+    failures = (ImportError, OSError, ValueError, TypeError, KeyError, AttributeError)
+    try:
+        return AutoImageProcessor.from_pretrained(source, local_files_only=local_files_only, trust_remote_code=False)
+    except ImportError:
+        pass  # older transformers want torchvision for Gemma 4's default class; its PIL twin needs none
+    except failures:
+        return None
+    try:
+        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+        return Gemma4ImageProcessorPil.from_pretrained(source, local_files_only=local_files_only)
+    except failures:
+        return None
+
+
+def _eos_ids(model, tokenizer) -> tuple[int, ...]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    for token in (tokenizer.eos_token, "<turn|>"):
+        tid = tokenizer.convert_tokens_to_ids(token) if token else None
+        if tid is not None and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return tuple(sorted(ids))
+
+
+def _channel_ids(tokenizer) -> tuple[int, int] | None:
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|channel>", "<channel|>")]
+    if any(i is None or i == tokenizer.unk_token_id for i in ids):
+        return None
+    return ids[0], ids[1]
+
+
+@contextlib.contextmanager
+def cancel_checks(should_cancel):
+    """Call `should_cancel` before each tensor transformers puts into the model; True stops the load.
+
+    transformers 5.x opens every shard lazily and materialises tensor by tensor, handing each one to
+    core_model_loading.set_param_for_module; wrapping that module attribute for the length of our
+    call needs no edit of installed files. Where it is absent (or called off our thread) the load
+    runs without checks.
+    """
+    try:
+        from transformers import core_model_loading as cml
+    except ImportError:
+        cml = None
+    original = getattr(cml, "set_param_for_module", None)
+    if should_cancel is None or not callable(original):
+        yield
+        return
+    placed, owner = 0, threading.get_ident()
+
+    def checked(*args, **kwargs):
+        nonlocal placed
+        # Only our own load is checked: another thread's load passes through untouched.
+        if threading.get_ident() == owner and should_cancel():  # ComfyUI's check raises instead
+            raise LoadCancelled(f"loading cancelled after {placed} tensors")
+        placed += 1
+        return original(*args, **kwargs)
+
+    with patching.swap(cml, set_param_for_module=checked):
+        yield
+
+
+def vetted_config(folder: Path | None, where: str, local: bool) -> dict:
+    """config.json as plain JSON, refused if it asks for checkpoint code, before transformers reads it."""
+    if folder is not None:
+        return preflight.check_folder(folder)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = Path(hf_hub_download(where, "config.json", local_files_only=local))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the config of {where!r} ({exc}); check the name, or download it first "
+                         "and set local_files_only") from exc
+    config = preflight.read_json(path)
+    preflight.check_config(config, where)
+    return config
+
+
+def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[int, dict[str, int], int, dict]:
+    """The checkpoint's size, per dtype, the duplicate packed bytes the load drops, and its headers (a local
+    folder's; else None), from its headers (or hub index), once its tensors match its config."""
+    if folder is not None:
+        headers = preflight.read_headers(folder)
+        check_packed(config, {n for h in headers.values() for n in h if n != "__metadata__"}, where)
+        return (*preflight.checkpoint_bytes(folder, headers), shared_copy_bytes(headers), headers)
+    index = preflight.hub_index(where, local) or {}
+    weight_map = index.get("weight_map")
+    check_packed(config, set(weight_map) if isinstance(weight_map, dict) else None, where)
+    return preflight.hub_bytes(where, local) or 0, {}, 0, None
+
+
+def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device: str, quant: str):
+    """The device plan for what a run of this checkpoint needs on this machine, in `quant` or (auto) the best
+    mode that fits (see deviceplan)."""
+    weights = preflight.loaded_bytes(stored, per_dtype, torch_dtype)
+    stored_mode = "autoround" if quant_method(config) == "auto-round" else "none"
+    text = config.get_text_config(decoder=True)
+    shape = quant_at_load.geometry(config)
+    element = max(1, round(weights / shape.total_numel)) if stored_mode == "none" else 2
+    step = deviceplan.step_bytes(text, config.canvas_length, deviceplan.LOAD_CONTEXT)
+    made = {q: deviceplan.made_need(shape.total_numel * element, sum(shape.quantized), shape.packed_bytes(q),
+                                    shape.dense_numel, max(shape.quantized, default=0), step, element,
+                                    deviceplan.logit_bytes(text, config.canvas_length))
+            for q in MADE_AT_LOAD}
+    needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made)
+    machine = dict(ram=preflight.free_ram(), vram=preflight.free_vram(), total_vram=preflight.total_vram())
+    if quant == "auto":
+        own = (stored_mode,) if stored_mode == "autoround" else ("none", *(MADE_AT_LOAD if has_bitsandbytes() else ()))
+        return deviceplan.choose(needs, own, device, **machine)
+    return deviceplan.plan(needs[quant], device, quant=quant, others=needs, **machine)
+
+
+@patches.paused_gc()
+def load_model(source: str, quant: str = "none", dtype: str = "auto", device: str = "auto",
+               local_files_only: bool = False, should_cancel=None) -> DGemmaModel:
+    """Load weights (safetensors only, never checkpoint code) and the tokenizer; every check runs first.
+
+    `should_cancel` is called between tensors while the weights load; returning True (or raising)
+    stops the load.
+    """
+    from transformers import AutoConfig
+
+    if not isinstance(local_files_only, bool):
+        raise ValueError(f"local_files_only must be true or false, got {short(local_files_only)} "
+                         f"({type(local_files_only).__name__}); set it to true or false")
+    folder = check_source(source)
+    resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    where = str(folder) if folder else source
+    local = local_files_only or folder is not None
+    vetted_config(folder, where, local)
+    try:
+        config = AutoConfig.from_pretrained(where, local_files_only=local, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the config of {where!r} ({exc}); check the name, or download it first "
+                         "and set local_files_only") from exc
+    check_quant(quant, config, where)
+    stored, per_dtype, shared, headers = stored_bytes(folder, where, local, config)
+    placement = place(config, stored, per_dtype, shared, torch_dtype, device, quant)
+    if quant != placement.quant:  # auto picked it
+        quant = placement.quant
+        check_quant(quant, config, where)
+    vocab_size = config.get_text_config(decoder=True).vocab_size
+    tokenizer, processor = load_tokenizer(where, local, vocab_size)  # cheap: errors come before the weights
+    check_template(tokenizer, processor, where)
+    image_processor = load_image_processor(where, local, processor)
+    extra = {"quantization_config": quantization_config(quant)} if quant in MADE_AT_LOAD else {}
+    with cancel_checks(should_cancel), patches.for_load(quant):
+        model = model_class(quant).from_pretrained(
+            where, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=local,
+            use_kernels=False, trust_remote_code=False, device_map=placement.device_map,
+            max_memory=placement.max_memory, **extra)
+    if placement.device_map is None:
+        model.to(placement.device)
+    model.eval()
+    after_load(model, quant, headers)
+    dtype_name = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).removeprefix("torch.")
+    identity = checkpoint_identity(folder, where, stored, tokenizer_fingerprint(tokenizer))
+    return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,
+                       device=placement.device, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),
+                       channel_ids=_channel_ids(tokenizer), image_processor=image_processor, identity=identity,
+                       placement_note=placement.note)
