@@ -42,7 +42,7 @@ def cpu(fn):
 def outlines_core_case(tok, ids):
     import outlines_core as oc
 
-    from diffusiongemma.dgemma.constraints.constraint_vocab import token_bytes
+    from diffusiongemma.dgemma.constraints.vocab import token_bytes
 
     def compile_():
         vocab = oc.Vocabulary(tok.eos_token_id, token_bytes(tok))

@@ -8,7 +8,7 @@ from .constraints.constraint import Constraint  # noqa: E402
 from .denoising.run import RunResult, generate, prepare, run_batch  # noqa: E402
 from .errors import Cancelled  # noqa: E402
 from .inputs.knobs import KNOBS, Knobs  # noqa: E402
-from .loading.loading import load_model  # noqa: E402
+from .loading.load import load_model  # noqa: E402
 from .payloads import CanvasState, DGemmaModel, RunConfig  # noqa: E402
 from .readouts.trace import CanvasTrace, Frame  # noqa: E402
 

@@ -24,7 +24,7 @@ from ..dgemma.denoising.schedulers import Scheduling
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.context import encode_context
 from ..dgemma.inputs.knobs import Knobs
-from ..dgemma.loading.loading import load_model
+from ..dgemma.loading.load import load_model
 from ..dgemma.loading.preflight import short
 
 MAX_PAUSED = 4   # paused runs kept; each holds a canvas x vocab logits tensor and a cache

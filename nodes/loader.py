@@ -6,8 +6,8 @@ import logging
 from contextlib import contextmanager
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
+from ..dgemma.loading.load import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
 from ..dgemma.loading.load_options import LOAD_OPTIONS
-from ..dgemma.loading.loading import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
 from ..dgemma.loading.preflight import short
 from ..dgemma.loading.quant import QUANTS
 from . import host, memory

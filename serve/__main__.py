@@ -133,7 +133,7 @@ def run(args, token: str, sock: socket.socket) -> int:
 
 
 def load(source: str, args):
-    from diffusiongemma.dgemma.loading.loading import load_model
+    from diffusiongemma.dgemma.loading.load import load_model
 
     return load_model(source, quant=args.quant, dtype=args.dtype, device=args.device)
 

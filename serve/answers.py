@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dgemma.constraints.constraint_vocab import piece_bytes
+from ..dgemma.constraints.vocab import piece_bytes
 from ..dgemma.readouts.excision import excise
 
 FLOOR = -9999.0  # OpenAI's value for a token the model gave no probability: JSON has no -Infinity

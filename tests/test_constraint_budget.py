@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from diffusiongemma.dgemma import Constraint, Knobs, generate
-from diffusiongemma.dgemma.constraints import constraint_budget as budget
+from diffusiongemma.dgemma.constraints import budget
 from diffusiongemma.dgemma.constraints.constraint import automaton
 from diffusiongemma.dgemma.errors import Cancelled, InputError
 

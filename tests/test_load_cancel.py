@@ -16,7 +16,7 @@ from transformers import core_model_loading as cml
 
 from diffusiongemma.dgemma import load_model
 from diffusiongemma.dgemma.errors import LoadCancelled
-from diffusiongemma.dgemma.loading.loading import cancel_checks
+from diffusiongemma.dgemma.loading.load import cancel_checks
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 
@@ -90,7 +90,7 @@ def test_no_hook_point_means_no_checks(monkeypatch):
 def test_both_cancels_are_the_engines_errors_wherever_they_are_named():
     from diffusiongemma.dgemma import Cancelled, errors
     from diffusiongemma.dgemma.denoising import loop
-    from diffusiongemma.dgemma.loading import loading
+    from diffusiongemma.dgemma.loading import load
 
-    assert errors.Cancelled is Cancelled is loop.Cancelled and errors.LoadCancelled is loading.LoadCancelled
+    assert errors.Cancelled is Cancelled is loop.Cancelled and errors.LoadCancelled is load.LoadCancelled
     assert str(Cancelled(3)) == "run cancelled after 3 steps" and Cancelled(3).steps_done == 3

@@ -160,22 +160,28 @@ def test_packed_layers_of_one_kind_are_copies_with_their_own_containers():
     assert a.qweight.device.type == "meta" and c.qweight.device.type == "meta"
 
 
-def _pack_imports(path) -> set[str]:
-    """The dgemma modules a dgemma module imports, at its top or inside a function."""
+def _pack_imports(root, path) -> set[str]:
+    """The dgemma modules (dotted below dgemma/, like `loading.patches`) a dgemma module imports, at its top
+    or inside a function."""
     import ast
 
+    package = list(path.relative_to(root).parent.parts)
+    modules = {".".join(q.relative_to(root).with_suffix("").parts) for q in root.rglob("*.py")}
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            out |= {node.module} if node.module else {a.name for a in node.names}
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            for alias in node.names:
+                name = ".".join(base + [alias.name])
+                out.add(name if name in modules else ".".join(base))
     return out
 
 
 def test_every_patch_goes_through_one_module_and_no_patch_module_imports_its_importer():
     from pathlib import Path
 
-    folder = Path(patches.__file__).parent
-    graph = {p.stem: _pack_imports(p) for p in folder.glob("*.py")}
+    root = Path(patches.__file__).parents[1]
+    graph = {".".join(p.relative_to(root).with_suffix("").parts): _pack_imports(root, p) for p in root.rglob("*.py")}
     reach = {}
 
     def reached(name, seen=()):
@@ -185,12 +191,14 @@ def test_every_patch_goes_through_one_module_and_no_patch_module_imports_its_imp
                 reach[name] |= {dep} | reached(dep)
         return reach[name]
 
-    for name in ("patching", "patches", "patches_autoround", "loading"):
+    mine = ("loading.patching", "loading.patches", "loading.patches_autoround", "loading.load")
+    for name in mine:
         assert name not in reached(name), f"{name} imports itself through {reached(name) & set(graph)}"
-    assert graph["patching"] == set()  # the mechanism depends on nothing in the pack
-    assert {"patching"} <= graph["patches_autoround"] and "patches" not in graph["patches_autoround"]
-    for name in ("patches", "patches_autoround", "loading"):  # patching's lock and swap only
-        text = (folder / f"{name}.py").read_text(encoding="utf-8")
+    assert graph["loading.patching"] == set()  # the mechanism depends on nothing in the pack
+    assert {"loading.patching"} <= graph["loading.patches_autoround"]
+    assert "loading.patches" not in graph["loading.patches_autoround"]
+    for name in mine[1:]:  # patching's lock and swap only
+        text = (root / f"{name.replace('.', '/')}.py").read_text(encoding="utf-8")
         assert "setattr(" not in text and "_PATCH_LOCK" not in text and "_swapped" not in text
 
 

@@ -211,11 +211,11 @@ def test_hub_config_is_vetted_before_transformers(tiny_dir, tmp_path, monkeypatc
 def test_hub_index_names_are_matched_to_the_config(monkeypatch, qc, names, words):
     from types import SimpleNamespace
 
-    from diffusiongemma.dgemma.loading import loading, preflight
+    from diffusiongemma.dgemma.loading import load, preflight
 
     monkeypatch.setattr(preflight, "hub_index", lambda repo, local: {"weight_map": dict.fromkeys(names, "m.st")})
     with pytest.raises(ValueError) as err:
-        loading.stored_bytes(None, "someone/ckpt", True, SimpleNamespace(quantization_config=qc))
+        load.stored_bytes(None, "someone/ckpt", True, SimpleNamespace(quantization_config=qc))
     assert "'someone/ckpt'" in str(err.value) and all(w in str(err.value) for w in words)
 
 

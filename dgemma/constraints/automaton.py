@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from .constraint_budget import compile_index
-from .constraint_vocab import token_bytes
+from .budget import compile_index
+from .vocab import token_bytes
 
 START, THOUGHT, DONE = -1, -2, -3
 END_BYTE = b"\x00"
@@ -47,7 +47,7 @@ class Automaton:
 
     @classmethod
     def build(cls, constraint, dm, should_cancel=None) -> Automaton:
-        """Compiled by outlines-core in a child process, within the budget (`constraint_budget`)."""
+        """Compiled by outlines-core in a child process, within the budget (`budget.compile_index`)."""
         tok = dm.tokenizer
         pieces = token_bytes(tok)
         end = max(max(ids) for ids in pieces.values()) + 1  # an id past the vocabulary: never a model's token

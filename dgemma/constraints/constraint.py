@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import InputError, short
-from . import constraint_budget as budget
+from . import budget
 
 KINDS = ("json_schema", "regex", "choice")
 MAX_TEXT = 20_000

@@ -5,7 +5,7 @@ whole process. So each call runs here, in a child Python process that imports on
 library and outlines-core, under an address-space limit (RLIMIT_AS) and a CPU-time limit
 (RLIMIT_CPU). The index is compiled twice: first a probe against 256 one-byte tokens under tighter
 limits (its states are the regex's own), then, when states x the tokenizer's tokens fits the
-budget, for the real vocabulary. The parent (`constraint_budget.run_child`) kills the child on
+budget, for the real vocabulary. The parent (`budget.run_child`) kills the child on
 Cancel. Windows has no rlimits: there the parent's wall-clock limit and Cancel bound it.
 
 Protocol: a pickled task dict on stdin, a pickled result dict on stdout, the phase on stderr.

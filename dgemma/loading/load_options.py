@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .loading import DEVICES, DTYPES
+from .load import DEVICES, DTYPES
 from .quant import QUANTS
 
 
