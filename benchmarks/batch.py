@@ -4,7 +4,10 @@
   the median of pairs timed alternately (benchmarks/timing.py), with its IQR; wall-clock too. The
   ceiling beside it is what no batch can beat: all items' steps over the longest item's (the batch
   takes at least that many forwards), were a batched step to cost a solo one.
-  batch_efficiency_demo is the speedup over that ceiling.
+  batch_efficiency_demo is the speedup over that ceiling. Beside it, the most any host-side work could
+  give: the sequential run's CPU time over the batched run's decoder forwards alone (the batch's
+  rows' arithmetic, each item's own experts and attention included) and each item's own noise draws
+  (which keep it its solo run), over the ceiling.
 - list1024_peak_rss_gib: peak resident memory of a child process running 1,024 prompts on the demo
   through the Sampler node, its pictures unread (benchmarks/list_memory.py).
 - batch_speedup_slice: the same on the real-geometry slice (every tensor at the released shape, two
@@ -22,6 +25,7 @@ Speed figures are CPU time on whatever else the machine runs: compare them only 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from timing import median_iqr, paired_ratios  # noqa: E402
+from timing import cpu_seconds, median_iqr, paired_ratios  # noqa: E402
 
 from diffusiongemma.dgemma import Knobs, load_model  # noqa: E402
 from diffusiongemma.dgemma.demo import DEMO_DIR  # noqa: E402
@@ -47,12 +51,15 @@ PROMPTS = ("What is 2+2?", "What is 3+4?", "Hi", "What is 13+29? Answer with the
            "Name a colour.", "What is 9+1?", "What is 7+8? Say it in words, please.")
 
 
+def requests(dm, knobs: Knobs) -> list:
+    return [prepare(dm, p, knobs) for p in PROMPTS]
+
+
 def speedup(dm, knobs: Knobs, repeats: int, label: str, warmup: bool = True) -> tuple[float, float, float, float]:
     """(median sequential/batched CPU ratio, its IQR, wall-clock ratio of one more pair, the ceiling) for
     8 prompts."""
-    requests = lambda: [prepare(dm, p, knobs) for p in PROMPTS]  # noqa: E731
-    batched = lambda: run_batch(requests(), max_batch=len(PROMPTS))  # noqa: E731
-    sequential = lambda: [run(r) for r in requests()]  # noqa: E731
+    batched = lambda: run_batch(requests(dm, knobs), max_batch=len(PROMPTS))  # noqa: E731
+    sequential = lambda: [run(r) for r in requests(dm, knobs)]  # noqa: E731
     ratios = paired_ratios(sequential, batched, repeats, label, warmup=warmup)
     t0 = time.perf_counter()
     sequential()
@@ -64,6 +71,58 @@ def speedup(dm, knobs: Knobs, repeats: int, label: str, warmup: bool = True) -> 
     print(f"{label}: sequential/batched CPU median {med:.3f} IQR {iqr:.3f}; wall {wall:.3f}; ceiling "
           f"{ceiling:.2f} ({sum(steps)} item steps, the longest item {max(steps)})", flush=True)
     return med, iqr, wall, ceiling
+
+
+class ForwardClock:
+    """CPU seconds spent inside a module's forward calls, through its hooks."""
+
+    def __init__(self, module):
+        self.seconds, self._start = 0.0, 0.0
+        self._hooks = (module.register_forward_pre_hook(self._begin), module.register_forward_hook(self._end))
+
+    def _begin(self, *_):
+        self._start = time.process_time()
+
+    def _end(self, *_):
+        self.seconds += time.process_time() - self._start
+
+    def close(self):
+        for hook in self._hooks:
+            hook.remove()
+
+
+def draw_seconds(dm, draws: int = 200) -> float:
+    """CPU seconds of one item's noise for one step, drawn from its own generator as the sampler does."""
+    L, V = dm.canvas_length, dm.model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    start = time.process_time()
+    for _ in range(draws):
+        torch.empty((1, L, V)).exponential_(1, generator=generator)
+        torch.randint(0, V, (1, L), generator=generator)
+    return (time.process_time() - start) / draws
+
+
+def forward_bound(dm, knobs: Knobs, repeats: int = 3) -> float:
+    """The efficiency a batch would reach were it nothing but its decoder forwards and each item's own noise
+    draws (what keeps it its solo run): the median sequential run's CPU seconds over those, over the ceiling."""
+    sequential, batched, forwards, results = [], [], [], []
+    clock = ForwardClock(dm.model)
+    try:
+        for _ in range(repeats):
+            sequential.append(cpu_seconds(lambda: [run(r) for r in requests(dm, knobs)]))
+            clock.seconds = 0.0
+            batched.append(cpu_seconds(lambda: results.append(run_batch(requests(dm, knobs), max_batch=len(PROMPTS)))))
+            forwards.append(clock.seconds)
+    finally:
+        clock.close()
+    steps = [len(result.trace) for result in results[-1]]
+    ceiling = sum(steps) / max(steps)
+    seq, fwd, draws = statistics.median(sequential), statistics.median(forwards), sum(steps) * draw_seconds(dm)
+    bound = seq / (fwd + draws) / ceiling
+    print(f"demo: of the batched run's {statistics.median(batched):.3f}s CPU its forwards take {fwd:.3f}s and the "
+          f"items' noise draws {draws:.3f}s; the sequential run {seq:.3f}s: a batch of nothing else would reach an "
+          f"efficiency of {bound:.3f} (of its forwards alone {seq / fwd / ceiling:.3f})", flush=True)
+    return bound
 
 
 def identical(dm, count: int, steps: int) -> tuple[int, int]:
@@ -135,8 +194,9 @@ def main(argv=None) -> None:
         return
     demo = load_model(str(DEMO_DIR), device="cpu", dtype=args.dtype)
     print("speed figures are CPU time on a machine others may share: not quotable unless it was quiet", flush=True)
-    med, iqr, wall, ceiling = speedup(demo, Knobs(seed=3, num_inference_steps=48, gen_length=64), args.repeats,
-                                      "demo")
+    knobs = Knobs(seed=3, num_inference_steps=48, gen_length=64)
+    med, iqr, wall, ceiling = speedup(demo, knobs, args.repeats, "demo")
+    bound = forward_bound(demo, knobs)
     same_demo, exact_demo = identical(demo, args.items, 12)
     with tempfile.TemporaryDirectory() as folder:  # the random tiny checkpoint, built in seconds
         tiny = load_model(str(tiny_builder.build_checkpoint(Path(folder) / "random", "random")), device="cpu",
@@ -150,7 +210,8 @@ def main(argv=None) -> None:
     print(f"batch_efficiency_demo={med / ceiling:.3f} list1024_peak_rss_gib={rss} "
           f"identical_items={(same_demo + same_tiny) / total:.4f} "
           f"batch_speedup_demo={med:.3f} (IQR {iqr:.3f}, CPU time; wall {wall:.3f}; ceiling {ceiling:.2f}) "
-          f"batch_speedup_slice={sliced} entropy_exact={(exact_demo + exact_tiny) / total:.4f}")
+          f"batch_efficiency_bound={bound:.3f} batch_speedup_slice={sliced} "
+          f"entropy_exact={(exact_demo + exact_tiny) / total:.4f}")
 
 
 if __name__ == "__main__":
