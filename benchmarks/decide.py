@@ -40,7 +40,7 @@ from diffusiongemma.dgemma.demo import (  # noqa: E402
     colour_image,
     image_cases,
 )
-from diffusiongemma.dgemma.readouts.decide import decide  # noqa: E402
+from diffusiongemma.dgemma.denoising.decide import decide  # noqa: E402
 from diffusiongemma.testing.brute_decide import brute_probabilities  # noqa: E402
 from diffusiongemma.testing.schemas import SUM  # noqa: E402
 

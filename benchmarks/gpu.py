@@ -49,8 +49,8 @@ from headless import load_pack  # noqa: E402
 load_pack()
 from diffusiongemma.dgemma import Knobs, load_model  # noqa: E402
 from diffusiongemma.dgemma.denoising.batch import BatchForward  # noqa: E402
+from diffusiongemma.dgemma.denoising.cache import encode_ids, new_cache  # noqa: E402
 from diffusiongemma.dgemma.denoising.loop import Lane, denoise_blocks, drive  # noqa: E402
-from diffusiongemma.dgemma.inputs.cache import encode_ids, new_cache  # noqa: E402
 from diffusiongemma.dgemma.inputs.seeding import make_generator  # noqa: E402
 from diffusiongemma.dgemma.readouts.trace import Recorder  # noqa: E402
 from diffusiongemma.testing import fulllayout, realscale, realslice  # noqa: E402

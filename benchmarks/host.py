@@ -54,8 +54,9 @@ sys.path.insert(0, str(HERE))
 from samplerwork import Events, sampler_call  # noqa: E402
 
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
-from diffusiongemma.dgemma.denoising import fastpath, loop, run, stepcopy  # noqa: E402
+from diffusiongemma.dgemma.denoising import loop, run, stepcopy  # noqa: E402
 from diffusiongemma.dgemma.readouts import trace  # noqa: E402
+from diffusiongemma.dgemma.steps import fastpath  # noqa: E402
 from diffusiongemma.nodes import sampler  # noqa: E402
 from diffusiongemma.testing import realslice  # noqa: E402
 from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402

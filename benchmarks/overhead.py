@@ -28,7 +28,7 @@ from headless import load_pack  # noqa: E402
 load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
 from diffusiongemma.dgemma.denoising.resume import Advanced  # noqa: E402
-from diffusiongemma.dgemma.denoising.schedulers import Scheduling  # noqa: E402
+from diffusiongemma.dgemma.steps.schedulers import Scheduling  # noqa: E402
 from diffusiongemma.testing.tiny import build_checkpoint  # noqa: E402
 
 PROMPT = "What is 3+4?"

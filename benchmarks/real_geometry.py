@@ -197,10 +197,10 @@ def step_breakdown(dm, knobs: Knobs) -> dict:
     The same calls as `denoise_blocks`; capture is the step's entropy beyond the scheduler's own
     (`step_entropy`) plus the recorder. The stop is the pipeline's too when `confidence` > 0.
     """
+    from diffusiongemma.dgemma.denoising.cache import encode_ids, new_cache
     from diffusiongemma.dgemma.denoising.loop import AdaptiveStop, BlockDecoder, step_entropy
-    from diffusiongemma.dgemma.denoising.schedulers import Scheduling
-    from diffusiongemma.dgemma.inputs.cache import encode_ids, new_cache
     from diffusiongemma.dgemma.readouts.trace import Recorder
+    from diffusiongemma.dgemma.steps.schedulers import Scheduling
 
     cache = new_cache(dm.model)
     encode_ids(dm.model, cache, dm.tokenizer(PROMPT)["input_ids"])

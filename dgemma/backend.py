@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from .denoising import run as runs
-from .denoising.run import Request, generate, run_batch
-from .denoising.schedulers import Scheduling
-from .inputs.context import encode_context
+from .denoising.context import encode_context
+from .denoising.run import Request, generate, prepare, run_batch
 from .inputs.knobs import num_blocks
+from .steps.schedulers import Scheduling
 
 
 @runtime_checkable
@@ -36,11 +35,6 @@ class Backend(Protocol):
 
     def encode(self, model, text, onto=None, should_cancel=None, image=None):
         """`text` (and `image`) as a KV context, onto `onto` when given."""
-
-
-def prepare(*args, **kwargs) -> Request:
-    """`run.prepare`, looked up when called: whoever wraps either name sees every check."""
-    return runs.prepare(*args, **kwargs)
 
 
 class LocalBackend:

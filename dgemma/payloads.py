@@ -7,7 +7,7 @@ from functools import cached_property
 
 from .errors import InputError
 from .inputs.knobs import Knobs
-from .readouts.readings import knob_not_sent
+from .readings import knob_not_sent
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,7 +156,7 @@ class RunConfig:
     advanced: dict | None = field(default=None)  # scheduler and its knobs, window, pins, the run resumed
     constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
     readings: object = None  # readings.Readings: the knobs a remote engine was sent and those it fixes itself
-    decision: dict | None = field(default=None)    # a decision's reading (readouts/decide.py), on its answer block
+    decision: dict | None = field(default=None)    # a decision's reading (denoising/decide.py), on its answer block
 
     def __str__(self) -> str:
         k = self.knobs

@@ -5,9 +5,9 @@ from __future__ import annotations
 from ..dgemma.constraints.constraint import KINDS
 from ..dgemma.demo import DEMO_NAME
 from ..dgemma.denoising.resume import WINDOW_KNOBS
-from ..dgemma.denoising.schedulers import SCHEDULER_KNOBS, SCHEDULERS
 from ..dgemma.inputs.knobs import KNOBS, SEED_MAX
 from ..dgemma.loading.load_options import LOAD_OPTIONS
+from ..dgemma.steps.schedulers import SCHEDULER_KNOBS, SCHEDULERS, default
 from .schemas import JSON_INT_MAX, Arg, choice_arg, flag_arg, knob_arg, text_arg
 
 SCHEDULER_HELP = ("Which diffusers scheduler runs the steps: entropy_bound (the released default), block_refinement "
@@ -56,7 +56,7 @@ def generate_args() -> list[Arg]:
                  most=MAX_HANDLE),
         Arg("image", {"type": "string", "description": IMAGE_HELP}),
         *knobs,
-        choice_arg("scheduler", list(SCHEDULERS), next(iter(SCHEDULERS)), SCHEDULER_HELP),
+        choice_arg("scheduler", list(SCHEDULERS), default().name, SCHEDULER_HELP),
         *[knob_arg(n, s) for n, s in SCHEDULER_KNOBS.items()],
         *window_args(),
         text_arg("pins", PINS_HELP),

@@ -1,4 +1,4 @@
-"""The decide tool: each option's probability as the answer, over noise draws (dgemma/readouts/decide.py)."""
+"""The decide tool: each option's probability as the answer, over noise draws (dgemma/denoising/decide.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from ..dgemma.denoising.context import encode_context
+from ..dgemma.denoising.decide import KNOB_NAMES, MAX_OPTIONS, MAX_SAMPLES, decide
 from ..dgemma.errors import Cancelled
-from ..dgemma.inputs.context import encode_context
 from ..dgemma.inputs.knobs import KNOBS, Knobs
-from ..dgemma.readouts.decide import KNOB_NAMES, MAX_OPTIONS, MAX_SAMPLES, decide
 from . import inputs
 from .args import IMAGE_HELP, seed_arg
 from .readout import RUNLOG_URI, refusals
-from .schemas import Arg, given, knob_arg, make_tool, text_arg
+from .schemas import Arg, given, in_thread, knob_arg, make_tool, text_arg
 
 OPTIONS_HELP = ("The answers to choose among, each the whole answer (e.g. [\"red\", \"green\", \"blue\"]); no option "
                 f"twice, at most {MAX_OPTIONS}, each short enough to fit on one canvas with the end of the turn.")
@@ -72,8 +72,6 @@ def decide_tool(engine) -> Tool:
         the start of the answer from the model's logits and normalized over the options, averaged over N noise
         draws (seeds seed, seed+1, ...) with its standard error; the trace follows it over the answer block's steps.
         """
-        from .server import in_thread
-
         v = given(args, values)
         with refusals():
             picture = inputs.image(v["image"], engine.image_dirs) if v["image"] else None

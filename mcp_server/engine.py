@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME
+from ..dgemma.denoising.context import encode_context
 from ..dgemma.denoising.resume import Advanced
 from ..dgemma.denoising.run import generate, prepare, run_batch
-from ..dgemma.denoising.schedulers import Scheduling
-from ..dgemma.errors import InputError
-from ..dgemma.inputs.context import encode_context
+from ..dgemma.errors import InputError, short
 from ..dgemma.inputs.knobs import Knobs
 from ..dgemma.loading.load import load_model
-from ..dgemma.loading.preflight import short
+from ..dgemma.steps.schedulers import Scheduling
 
 MAX_PAUSED = 4   # paused runs kept; each holds a canvas x vocab logits tensor and a cache
 MAX_RUNS = 8     # finished runs whose run logs stay readable as resources

@@ -10,9 +10,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ImageContent, ResourceLink, TextContent
 
 from ..dgemma.constraints.constraint import Constraint
-from ..dgemma.denoising.schedulers import SCHEDULER_KNOBS, Scheduling
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.knobs import KNOBS, Knobs
+from ..dgemma.steps.schedulers import SCHEDULER_KNOBS, Scheduling
 from . import inputs
 from .engine import Request
 from .progress import StepMessages

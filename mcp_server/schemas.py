@@ -13,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import ToolAnnotations
 
-from ..dgemma.errors import InputError
+from ..dgemma.errors import InputError, short
 from ..dgemma.inputs.knobs import KnobSpec
-from ..dgemma.loading.preflight import short
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 JSON_INT_MAX = 2**53 - 1  # the largest integer every JSON client holds exactly
@@ -158,3 +159,14 @@ def given(args: list[Arg], values: dict) -> dict:
 def description(text: str) -> str:
     """A docstring as one paragraph: no runs of spaces from its indentation."""
     return " ".join(inspect.cleandoc(text).split())
+
+
+async def in_thread(engine, fn):
+    """Run `fn` off the event loop; engine errors become tool errors with the engine's own text."""
+    try:
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        engine.cancel()  # the client gave up on the request: stop the run too
+        raise
+    except (ValueError, OSError) as exc:
+        raise ToolError(brief(str(exc))) from exc

@@ -14,7 +14,7 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, Resource, ToolAnnotations
 
@@ -28,20 +28,9 @@ from .outputs import runlog_text, write_outputs
 from .progress import BatchMessages
 from .readout import RUNLOG_URI, batch_out, content, generate_out, progress_of, refusals, request
 from .results import CancelOut, EncodeOut, FreeOut, GenerateOut, StatusOut
-from .schemas import Arg, brief, given, make_tool
+from .schemas import Arg, given, in_thread, make_tool
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
-
-
-async def in_thread(engine: Engine, fn):
-    """Run `fn` off the event loop; engine errors become tool errors with the engine's own text."""
-    try:
-        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
-        engine.cancel()  # the client gave up on the request: stop the run too
-        raise
-    except (ValueError, OSError) as exc:
-        raise ToolError(brief(str(exc))) from exc
 
 
 def generate_tool(engine: Engine) -> Tool:

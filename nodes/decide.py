@@ -7,10 +7,10 @@ import json
 
 import torch
 
+from ..dgemma.denoising.decide import KNOB_NAMES, MAX_SAMPLES, options_from_text, prepare_decision, run_decision
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.knobs import KNOBS, Knobs
 from ..dgemma.inputs.tokens import frame_texts
-from ..dgemma.readouts.decide import KNOB_NAMES, MAX_SAMPLES, options_from_text, prepare_decision, run_decision
 from ..dgemma.readouts.decide_pictures import chart, trace_lines
 from . import host, memory
 from .schema import (

@@ -5,7 +5,7 @@ One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per
 as short per-position strings plus one state digit per position by the engine's one rule
 (dgemma/readouts/states.py): "0" noise, "1" new, "2" settled, "3" pinned, "4" constrained; the start event
 carries the palette and the states' names. A remote engine that does not send a reading
-(dgemma/readouts/readings.py) gets null for it, "5" unknown for every state when it sends no committed mask
+(dgemma/readings.py) gets null for it, "5" unknown for every state when it sends no committed mask
 (its start event adds that state, and the reasons), and a caption that says so.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dgemma.loading.preflight import short
+from ..dgemma.errors import short
 from ..remote.connect import connect
 from ..remote.dialects import carried
 from . import host

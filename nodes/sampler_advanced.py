@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..dgemma.denoising.resume import WINDOW_KNOBS, Advanced
-from ..dgemma.denoising.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, scheduler_tooltip
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.pins import check_shape
 from ..dgemma.payloads import CanvasState
+from ..dgemma.steps.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, default, scheduler_tooltip
 from .sampler import MAX_BATCH, SAMPLER_OUTPUTS, TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
 from .schema import (
     CANVAS_STATE,
@@ -59,7 +59,7 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         spec = super().INPUT_TYPES()
         spec["required"]["prompt"] = ("STRING", {"multiline": True, "default": "", "tooltip": TURN_TOOLTIP})
         spec["required"].update({
-            "scheduler": (list(SCHEDULERS), {"default": next(iter(SCHEDULERS)), "tooltip": scheduler_tooltip(),
+            "scheduler": (list(SCHEDULERS), {"default": default().name, "tooltip": scheduler_tooltip(),
                                              "dgemma_applies": applies()}),
             **knob_inputs(WINDOW_KNOBS),
             "pins": ("STRING", {"multiline": True, "default": "", "tooltip": PINS_TOOLTIP}),

@@ -13,8 +13,7 @@ import os
 import re
 from urllib.parse import urlsplit
 
-from ..dgemma.errors import InputError
-from ..dgemma.loading.preflight import short
+from ..dgemma.errors import InputError, short
 
 TOKEN_VARS = "DGEMMA_REMOTE_TOKEN_VARS"        # more variable names token_env may read, comma-separated
 ALLOW_HTTP = "DGEMMA_REMOTE_ALLOW_HTTP_TOKEN"  # "1": a token may go over plain http to another machine

@@ -3,7 +3,7 @@
 Neither stream carries token ids, entropy, or the schedule's t and T; the shim's frames are
 llama.cpp's argmax canvas as text (no committed mask), vLLM's one committed canvas each. Each
 backend declares what its stream leaves unknown and which knobs reach the engine (a
-`dgemma.readouts.readings.Readings` on the run's trace, state and config); the live view paints the text
+`dgemma.readings.Readings` on the run's trace, state and config); the live view paints the text
 each frame shows, cut into word pieces whose ids index the model's own table (remote/textstream.py).
 """
 
@@ -21,7 +21,7 @@ from ..dgemma.errors import Cancelled, InputError
 from ..dgemma.inputs.knobs import num_blocks
 from ..dgemma.inputs.vision import check_image_tensor
 from ..dgemma.payloads import CanvasState, RunConfig
-from ..dgemma.readouts.readings import Readings
+from ..dgemma.readings import Readings
 from ..dgemma.readouts.wire import CANVAS_RUN, FRAME, MAX_LEN, STEPS_RUN, TIMINGS, VLLM_ARGS, VLLM_MAX_STEPS
 from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal

@@ -15,11 +15,12 @@ import uuid
 
 from aiohttp import web
 
+from ..dgemma.denoising.decide import prepare_decision, run_decision
 from ..dgemma.errors import Cancelled, InputError
 from ..dgemma.readouts.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
 from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
-from .decide import decide
+from .decide import job_of as decide_job
 from .requests import UnknownModel, context_of, job_of
 from .runs import Engine, sse, timings
 from .safety import PREFLIGHT_HEADERS, Policy, json_content
@@ -141,6 +142,22 @@ class Cancel:
     def __call__(self) -> bool:
         transport = self.request.transport
         return self.event.is_set() or transport is None or transport.is_closing()
+
+
+async def decide(request):
+    engine = request.app[ENGINE]
+    job = decide_job(await body_of(request), engine.contexts)
+    req = prepare_decision(engine.dm, job.prompt, job.options, job.samples, job.knobs, context=job.context,
+                           image=job.image)  # refused here, before the queue
+    if not engine.admit():
+        return busy(engine)
+    try:
+        decision = await asyncio.get_running_loop().run_in_executor(
+            engine.worker, lambda: run_decision(req, trace=job.trace, should_cancel=Cancel(request)))
+    finally:
+        engine.release()
+    run_id = decision.run.config.run_id if decision.run is not None else None
+    return web.json_response({**decision.asdict(), "run_id": run_id})
 
 
 async def contexts(request):

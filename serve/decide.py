@@ -1,4 +1,4 @@
-"""POST /v1/dgemma/decide: each option's probability as the answer (dgemma/readouts/decide.py), as JSON.
+"""POST /v1/dgemma/decide: each option's probability as the answer (dgemma/denoising/decide.py), as JSON.
 
 Body: {"prompt": str, "options": [str, ...], "samples": int, "knobs": {seed, num_inference_steps, t_min,
 t_max, entropy_bound, confidence}, "context": handle, "image": {"shape", "data"} or a data: URL, "trace":
@@ -8,14 +8,11 @@ and the run id of the answer block's run.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
-from aiohttp import web
-
+from ..dgemma.denoising.decide import KNOB_NAMES
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.knobs import Knobs
-from ..dgemma.readouts.decide import KNOB_NAMES, prepare_decision, run_decision
 from .messages import MAX_PROMPT_CHARS
 from .requests import image_tensor, url_images
 
@@ -62,21 +59,3 @@ def job_of(body, contexts) -> DecideJob:
         image = image_tensor(image)
     context = contexts.get("context", body["context"]) if body.get("context") is not None else None
     return DecideJob(prompt, body.get("options"), body.get("samples", 8), Knobs(**knobs), context, image, trace)
-
-
-async def decide(request):
-    from .app import ENGINE, Cancel, body_of, busy
-
-    engine = request.app[ENGINE]
-    job = job_of(await body_of(request), engine.contexts)
-    req = prepare_decision(engine.dm, job.prompt, job.options, job.samples, job.knobs, context=job.context,
-                           image=job.image)  # refused here, before the queue
-    if not engine.admit():
-        return busy(engine)
-    try:
-        decision = await asyncio.get_running_loop().run_in_executor(
-            engine.worker, lambda: run_decision(req, trace=job.trace, should_cancel=Cancel(request)))
-    finally:
-        engine.release()
-    run_id = decision.run.config.run_id if decision.run is not None else None
-    return web.json_response({**decision.asdict(), "run_id": run_id})

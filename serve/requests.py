@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..dgemma.denoising.resume import AUTO, WINDOW_KNOBS, Advanced
-from ..dgemma.denoising.schedulers import Scheduling
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.knobs import KNOBS, SEED_MAX, knobs_from
 from ..dgemma.inputs.pictures import MAX_PIXELS, read_picture
 from ..dgemma.readouts.logprobs import MAX_TOP
 from ..dgemma.readouts.wire import EXTENSION
+from ..dgemma.steps.schedulers import Scheduling
 from .fields import unsupported
 from .messages import turns_of
 from .structured import constraint_of

@@ -16,10 +16,10 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from ..dgemma.backend import backend_of
+from ..dgemma.denoising.context import encode_chat
 from ..dgemma.denoising.run import prepare, run_batch
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.chat import chat_ids
-from ..dgemma.inputs.context import encode_chat
 from ..dgemma.readouts.wire import BLOCKS_RUN, CANVAS_RUN, EXTENSION, FRAME, STEPS_RUN, result_json, step_json
 from .structured import checked
 

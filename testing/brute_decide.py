@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..dgemma.denoising.decide import draw, end_id
 from ..dgemma.denoising.loop import BlockDecoder
 from ..dgemma.denoising.run import fresh_start, prepare
 from ..dgemma.inputs.knobs import Knobs
 from ..dgemma.inputs.tokens import literal_ids
-from ..dgemma.readouts.decide import draw, end_id
 
 
 def _log_prob(decoder, canvas, position: int, token: int) -> float:

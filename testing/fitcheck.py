@@ -18,8 +18,8 @@ PROMPT = "What is 3+4?"
 @torch.no_grad()
 def step_logits(dm, prompt: str = PROMPT, seed: int = 3) -> torch.Tensor:
     """One step's logits (float32, [canvas, vocabulary]) at a seeded canvas after `prompt`."""
+    from ..dgemma.denoising.cache import encode_ids, new_cache
     from ..dgemma.denoising.loop import BlockDecoder
-    from ..dgemma.inputs.cache import encode_ids, new_cache
 
     cache = new_cache(dm.model)
     ids = dm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,

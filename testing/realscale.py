@@ -135,3 +135,10 @@ def prepare_autoround(layers: int = REAL_LAYERS, vision_layers: int = 27, expert
         quantizer.preprocess_model(model=model, dtype=torch.bfloat16, device_map="cpu", checkpoint_files=None,
                                    use_kernels=False)
     return model
+
+
+def packed_names(module) -> list[str]:
+    """Names of the auto-round packed layers inside `module` (those holding a `qweight` tensor)."""
+    import torch
+
+    return [n for n, m in module.named_modules() if isinstance(getattr(m, "qweight", None), torch.Tensor)]

@@ -98,3 +98,10 @@ def build_tokenizer(vocab_size: int | None = None, seed: int = 0):
                            replace_extra_special_tokens=False)
     tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def context_ids(dm, text: str) -> list[int]:
+    """Raw context with no chat framing, as a KV context opens the sequence: the only BOS, then the text."""
+    from ..dgemma.inputs.tokens import literal_ids
+
+    return [dm.tokenizer.bos_token_id] + literal_ids(dm.tokenizer, text)

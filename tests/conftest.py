@@ -70,8 +70,7 @@ def realvocab_model():
 @pytest.fixture
 def no_model_work(monkeypatch):
     """Any encode or decoder forward fails the test: a refusal must come before model work."""
-    from diffusiongemma.dgemma.denoising import loop, run
-    from diffusiongemma.dgemma.inputs import context
+    from diffusiongemma.dgemma.denoising import context, loop, run
 
     def refuse(*args, **kwargs):
         pytest.fail("the model ran before the input was refused")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from diffusiongemma.dgemma import CanvasState, CanvasTrace, DGemmaModel, RunConfig
-from diffusiongemma.dgemma.inputs.context import KVCache
+from diffusiongemma.dgemma.denoising.context import KVCache
 from diffusiongemma.remote.model import RemoteContext, RemoteModel
 from diffusiongemma.runner.execute import call_node
 

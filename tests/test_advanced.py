@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.denoising.resume import Advanced, check_advanced
-from diffusiongemma.dgemma.denoising.schedulers import Scheduling
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.inputs.context import encode_context
 from diffusiongemma.dgemma.inputs.tokens import frame_texts
 from diffusiongemma.dgemma.readouts.images import render_frames
 from diffusiongemma.dgemma.readouts.runlog import records, replay
 from diffusiongemma.dgemma.readouts.states import PINNED
+from diffusiongemma.dgemma.steps.schedulers import Scheduling
 from diffusiongemma.dgemma.versions import _release
 
 PROMPT = "What is 3+4?"

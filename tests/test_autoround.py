@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 from diffusiongemma.dgemma import Knobs, generate, load_model
 from diffusiongemma.dgemma.demo import DEMO_DIR, DEMO_KNOBS, WORDS, demo_available
-from diffusiongemma.dgemma.loading.quant import packed_names
 from diffusiongemma.testing import tiny
+from diffusiongemma.testing.realscale import packed_names
 
 _spec = importlib.util.spec_from_file_location("quantize_tiny", REPO / "tools" / "quantize_tiny.py")
 quantize_tiny = importlib.util.module_from_spec(_spec)

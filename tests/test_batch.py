@@ -8,11 +8,11 @@ import torch
 from diffusiongemma.dgemma import Knobs
 from diffusiongemma.dgemma.constraints.constraint import Constraint
 from diffusiongemma.dgemma.demo import colour_image
+from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.denoising.resume import Advanced
 from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch
-from diffusiongemma.dgemma.denoising.schedulers import Scheduling
 from diffusiongemma.dgemma.errors import Cancelled, InputError
-from diffusiongemma.dgemma.inputs.context import encode_context
+from diffusiongemma.dgemma.steps.schedulers import Scheduling
 from diffusiongemma.testing.batchcheck import differences, entropy_exact
 
 PROMPTS = ("What is 2+2?", "Hi", "What is 13+29?", "Name a colour, and say why you like it in a few words.",
@@ -140,7 +140,6 @@ def test_a_batched_forward_groups_each_rows_experts_alone(demo_model, monkeypatc
         alone = torch.cat([experts(hidden[i:i + n], index[i:i + n], weights[i:i + n]) for i in range(0, 8 * n, n)])
         with batch_experts.rows_of(n):
             grouped = experts(hidden, index, weights)
-        batched = experts(hidden, index, weights)
         assert batch_experts._fast[experts] and torch.equal(grouped, alone)
         batch_experts._fast[experts] = False  # the layer's own forward row by row
         with batch_experts.rows_of(n):
@@ -148,8 +147,9 @@ def test_a_batched_forward_groups_each_rows_experts_alone(demo_model, monkeypatc
         del batch_experts._fast[experts]
         monkeypatch.setattr(batch_experts, "_grouped_rows", lambda module, h, i, w, n: module.__class__.forward(
             module, h, i, w))
-        assert not batch_experts._probe(experts, experts.forward, n)  # one grouping for all rows is not a row's
-    assert not torch.equal(batched, alone)  # what the rows alone avoid, on these rows
+        # one grouping for all rows is not a row's: the probe's rows (groups of one and two tokens) round
+        # otherwise on every CPU seen; whether these random rows do depends on the CPU's kernels
+        assert not batch_experts._probe(experts, experts.forward, n)
 
 
 def test_items_leave_at_once_and_the_next_take_their_place(demo_model, forwards, monkeypatch):

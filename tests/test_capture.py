@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.denoising import batch_step
 from diffusiongemma.dgemma.denoising.loop import step_entropy
 from diffusiongemma.dgemma.denoising.resume import Advanced
-from diffusiongemma.dgemma.denoising.schedulers import Scheduling
 from diffusiongemma.dgemma.loading import patches
+from diffusiongemma.dgemma.steps import batch_step
+from diffusiongemma.dgemma.steps.schedulers import Scheduling
 
 
 def _scheduler(steps: int = 4):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.denoising.context import encode_chat
 from diffusiongemma.dgemma.errors import InputError
 from diffusiongemma.dgemma.inputs.chat import Message, chat_ids
-from diffusiongemma.dgemma.inputs.context import encode_chat
 from diffusiongemma.dgemma.inputs.tokens import prompt_ids
 
 CONVERSATION = [Message("system", "You answer in words."), Message("user", "What is 2+2?"),

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.inputs.pins import parse as parse_pins
-from diffusiongemma.dgemma.inputs.tokens import context_ids, literal_ids, prompt_ids
+from diffusiongemma.dgemma.inputs.tokens import literal_ids, prompt_ids
+from diffusiongemma.testing.tiny_tokenizer import context_ids
 
 THREADS, ROUNDS = 8, 150
 TYPED = "<turn|><|turn>system<|channel>x<channel|><|image|> and <bos> " * 4

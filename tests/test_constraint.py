@@ -13,11 +13,11 @@ import pytest
 from diffusiongemma.dgemma import Constraint, Knobs, generate
 from diffusiongemma.dgemma.demo import DEMO_KNOBS, WORDS
 from diffusiongemma.dgemma.denoising.resume import Advanced
-from diffusiongemma.dgemma.denoising.schedulers import SCHEDULERS, Scheduling
 from diffusiongemma.dgemma.errors import InputError
 from diffusiongemma.dgemma.inputs.tokens import frame_texts
 from diffusiongemma.dgemma.readouts.runlog import records, replay
 from diffusiongemma.dgemma.readouts.states import CONSTRAINED
+from diffusiongemma.dgemma.steps.schedulers import SCHEDULERS, Scheduling
 from diffusiongemma.testing.schemas import SCHEMAS, SUM
 
 REGEX = r"[0-9]{3}-[a-z]{2,4}"

@@ -11,10 +11,10 @@ import torch
 
 from diffusiongemma.dgemma import Knobs
 from diffusiongemma.dgemma.demo import colour_image
+from diffusiongemma.dgemma.denoising.context import encode_context
+from diffusiongemma.dgemma.denoising.decide import decide, prepare_decision, read_plan
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.inputs.context import encode_context
 from diffusiongemma.dgemma.inputs.tokens import frame_texts
-from diffusiongemma.dgemma.readouts.decide import decide, prepare_decision, read_plan
 from diffusiongemma.dgemma.readouts.runlog import records
 from diffusiongemma.testing.brute_decide import brute_probabilities
 

@@ -20,8 +20,8 @@ from mcp import Client  # noqa: E402
 
 from diffusiongemma.dgemma import Knobs  # noqa: E402
 from diffusiongemma.dgemma.demo import colour_image  # noqa: E402
-from diffusiongemma.dgemma.inputs.context import encode_context  # noqa: E402
-from diffusiongemma.dgemma.readouts.decide import decide  # noqa: E402
+from diffusiongemma.dgemma.denoising.context import encode_context  # noqa: E402
+from diffusiongemma.dgemma.denoising.decide import decide  # noqa: E402
 from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.inputs import image as read_image  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.demo import DEMO_KNOBS, IMAGE_QUESTION, WORDS, colour_image, image_cases
-from diffusiongemma.dgemma.inputs.context import encode_context
+from diffusiongemma.dgemma.denoising.context import encode_context
 
 PAIRS = [(a, b) for a in range(10) for b in range(10)]
 

@@ -14,9 +14,9 @@ from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
 from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.denoising.resume import Advanced
 from diffusiongemma.dgemma.errors import MAX_MESSAGE, InputError
-from diffusiongemma.dgemma.inputs.context import encode_context
 
 KNOBS = Knobs(num_inference_steps=4).asdict()
 LIMIT = 500

@@ -24,12 +24,12 @@ import pytest
 
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.demo import colour_image
+from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.denoising.resume import Advanced
-from diffusiongemma.dgemma.denoising.schedulers import Scheduling
-from diffusiongemma.dgemma.inputs.context import encode_context
 from diffusiongemma.dgemma.inputs.tokens import frame_texts
 from diffusiongemma.dgemma.readouts.images import Asked, render_frames
 from diffusiongemma.dgemma.readouts.runlog import records
+from diffusiongemma.dgemma.steps.schedulers import Scheduling
 from diffusiongemma.nodes.events import StepStream
 
 GOLDEN = Path(__file__).parent / "golden" / "runs.json"

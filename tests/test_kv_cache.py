@@ -13,13 +13,14 @@ from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Knobs, generate, load_model
+from diffusiongemma.dgemma.denoising.cache import encode_ids, new_cache
+from diffusiongemma.dgemma.denoising.context import KVCache, encode_context
 from diffusiongemma.dgemma.denoising.loop import denoise_blocks
-from diffusiongemma.dgemma.inputs.cache import encode_ids, new_cache
-from diffusiongemma.dgemma.inputs.context import KVCache, encode_context
-from diffusiongemma.dgemma.inputs.tokens import context_ids, frame_texts, prompt_ids
+from diffusiongemma.dgemma.inputs.tokens import frame_texts, prompt_ids
 from diffusiongemma.dgemma.readouts.runlog import records
 from diffusiongemma.dgemma.readouts.trace import Recorder
 from diffusiongemma.runner.execute import run_graph
+from diffusiongemma.testing.tiny_tokenizer import context_ids
 
 CONTEXT = "The quick brown fox jumps over the lazy dog. " * 14  # 630 tokens: past the 512 sliding window
 FAST = dict(num_inference_steps=3, confidence=0.0)

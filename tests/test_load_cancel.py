@@ -81,10 +81,17 @@ def test_without_a_cancel_the_sharded_checkpoint_loads_whole(sharded, placed):
     assert dm.model is not None and cml.set_param_for_module.__name__ == "spy"
 
 
-def test_no_hook_point_means_no_checks(monkeypatch):
-    monkeypatch.delattr(cml, "set_param_for_module")
-    with cancel_checks(lambda: pytest.fail("checked without a hook point")):
+def test_no_hook_point_or_no_check_leaves_transformers_as_it_was(monkeypatch):
+    original = cml.set_param_for_module
+    with cancel_checks(None):  # nothing to check: nothing wrapped
+        assert cml.set_param_for_module is original
+    with cancel_checks(lambda: False):
+        assert cml.set_param_for_module is not original
+    assert cml.set_param_for_module is original
+    monkeypatch.delattr(cml, "set_param_for_module")  # another transformers: no hook point, none made
+    with cancel_checks(lambda: True):
         assert not hasattr(cml, "set_param_for_module")
+    assert not hasattr(cml, "set_param_for_module")
 
 
 def test_both_cancels_are_the_engines_errors_wherever_they_are_named():

@@ -210,7 +210,7 @@ def test_a_misspelled_knob_is_refused_not_ignored(demo_model):
 
 
 def test_bad_encode_inputs_are_refused_with_the_engines_messages(demo_model):
-    from diffusiongemma.dgemma.inputs.context import encode_context
+    from diffusiongemma.dgemma.denoising.context import encode_context
 
     srv = serve(demo_model)
     empty = call(srv, "encode", {"text": " "})

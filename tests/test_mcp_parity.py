@@ -19,7 +19,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from diffusiongemma.dgemma import Knobs, generate  # noqa: E402
 from diffusiongemma.dgemma.demo import colour_image  # noqa: E402
 from diffusiongemma.dgemma.denoising.resume import Advanced  # noqa: E402
-from diffusiongemma.dgemma.denoising.schedulers import Scheduling  # noqa: E402
+from diffusiongemma.dgemma.steps.schedulers import Scheduling  # noqa: E402
 from diffusiongemma.mcp_server.engine import Engine  # noqa: E402
 from diffusiongemma.mcp_server.server import build_server  # noqa: E402
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from diffusiongemma.dgemma import generate
 from diffusiongemma.dgemma.denoising.resume import Advanced
-from diffusiongemma.dgemma.denoising.schedulers import SCHEDULER_KNOBS, Scheduling
 from diffusiongemma.dgemma.inputs.knobs import Knobs
 from diffusiongemma.dgemma.inputs.tokens import frame_texts
 from diffusiongemma.dgemma.readouts.runlog import records
+from diffusiongemma.dgemma.steps.schedulers import SCHEDULER_KNOBS, Scheduling
 
 ASK = "What is 3+4?"
 

@@ -61,7 +61,7 @@ def assert_same_run(dm, prompt, knobs, eos_stop=True, min_blocks=1, expect_early
     assert list(ours.state.raw_ids) == sequence
     assert ours.state.blocks >= min_blocks
     assert len(ours.trace) == len(canvases)
-    assert np.array_equal(ours.trace.scheduler_committed, np.array(accepted))
+    assert np.array_equal(ours.trace.committed & ~ours.trace.stop, np.array(accepted))
     L = dm.canvas_length
     for i, frame in enumerate(ours.trace.frames()):
         last = i == len(ours.trace) - 1 or ours.trace.blocks[i + 1] != frame.block

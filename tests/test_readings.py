@@ -31,7 +31,7 @@ def test_the_stop_frame_shows_what_was_committed(stopped):
     result, _ = stopped
     trace, last = result.trace, result.trace.frame(len(result.trace) - 1)
     assert last.committed.all() and last.committed_fraction == 1.0 and result.state.committed_fraction == 1.0
-    froze = ~trace.scheduler_committed[-1]
+    froze = ~(trace.committed & ~trace.stop)[-1]
     assert froze.any() and np.array_equal(last.stop, froze)  # the trace says which positions the stop froze
     assert not trace.stop[:-1].any()
     assert NOISE not in trace.states()[-1]

@@ -16,8 +16,9 @@ import pytest
 
 from diffusiongemma.dgemma.loading import deviceplan
 from diffusiongemma.dgemma.loading.patches_autoround import merge_patterns
-from diffusiongemma.dgemma.loading.quant import model_class, packed_names
+from diffusiongemma.dgemma.loading.quant import model_class
 from diffusiongemma.testing import realscale as rs
+from diffusiongemma.testing.realscale import packed_names
 
 GB, GIB = 10**9, 1024**3
 

@@ -18,10 +18,11 @@ from executor import call
 from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.denoising.run import MAX_TURN_TOKENS
-from diffusiongemma.dgemma.inputs.tokens import context_ids, prompt_ids
+from diffusiongemma.dgemma.inputs.tokens import prompt_ids
 from diffusiongemma.runner import cli
 from diffusiongemma.runner.execute import CLASSES
 from diffusiongemma.runner.graph import execution_order, validate
+from diffusiongemma.testing.tiny_tokenizer import context_ids
 
 KNOBS = Knobs().asdict()
 

@@ -18,8 +18,8 @@ from executor import call
 from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
 from diffusiongemma.dgemma import Knobs, generate, load_model
 from diffusiongemma.dgemma.demo import DEMO_KNOBS, IMAGE_QUESTION, colour_image
+from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.denoising.resume import Advanced
-from diffusiongemma.dgemma.inputs.context import encode_context
 from diffusiongemma.dgemma.inputs.pins import parse as parse_pins
 from diffusiongemma.dgemma.inputs.tokens import literal_ids
 from diffusiongemma.dgemma.inputs.vision import prepare_images

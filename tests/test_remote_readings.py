@@ -14,8 +14,8 @@ from fake_engine import engine, sse
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma.errors import InputError
+from diffusiongemma.dgemma.readings import why_unknown
 from diffusiongemma.dgemma.readouts.images import render_frames
-from diffusiongemma.dgemma.readouts.readings import why_unknown
 from diffusiongemma.dgemma.readouts.runlog import read_log, records, replay, write_jsonl
 from diffusiongemma.dgemma.readouts.states import NAMES, PALETTE, UNKNOWN_COLOUR
 from diffusiongemma.nodes import host

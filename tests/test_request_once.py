@@ -65,14 +65,14 @@ def counts(monkeypatch):
     guide, the chat template and the image processor."""
     from diffusiongemma.dgemma import backend
     from diffusiongemma.dgemma.constraints import guide
+    from diffusiongemma.dgemma.denoising import decide
     from diffusiongemma.dgemma.denoising import run as engine
-    from diffusiongemma.dgemma.readouts import decide
 
     seen = Counter()
-    for module, name in ((backend, "prepare"), (decide, "prepare"), (engine, "guide_for"), (guide.Guide, "__init__"),
-                         (engine, "prompt_ids"), (engine, "prepare_images")):
-        monkeypatch.setattr(module, name, _counted(seen, "Guide" if name == "__init__" else name,
-                                                   getattr(module, name)))
+    for module, name in ((backend.LocalBackend, "check"), (decide, "prepare"), (engine, "guide_for"),
+                         (guide.Guide, "__init__"), (engine, "prompt_ids"), (engine, "prepare_images")):
+        key = {"__init__": "Guide", "check": "prepare"}.get(name, name)  # a local backend's check is run.prepare
+        monkeypatch.setattr(module, name, _counted(seen, key, getattr(module, name)))
     return seen
 
 

@@ -8,9 +8,9 @@ from executor import call
 
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Knobs
-from diffusiongemma.dgemma.denoising.schedulers import REGISTRY, SchedulerAdapter, Scheduling, StepOutput, unregister
 from diffusiongemma.dgemma.errors import InputError
 from diffusiongemma.dgemma.inputs.knobs import KnobSpec
+from diffusiongemma.dgemma.steps.schedulers import REGISTRY, SchedulerAdapter, Scheduling, StepOutput, unregister
 
 Advanced = NODE_CLASS_MAPPINGS["DGemmaSamplerAdvanced"]
 BASE = dict(prompt="What is 3+4?", seed=5, num_inference_steps=4, t_min=0.4, t_max=0.8, entropy_bound=0.1,
@@ -90,8 +90,8 @@ def test_each_adapter_reads_its_config_back_from_the_built_scheduler(name):
 
 
 def test_a_step_reads_its_temperature_from_the_built_scheduler_and_a_plain_trace_names_the_default():
-    from diffusiongemma.dgemma.denoising import schedulers
     from diffusiongemma.dgemma.readouts.trace import Recorder
+    from diffusiongemma.dgemma.steps import schedulers
 
     knobs = Knobs(num_inference_steps=4, t_min=0.4, t_max=0.8)
     built = Scheduling().build(knobs, 32, "cpu")

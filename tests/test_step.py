@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from diffusiongemma.dgemma import Knobs, generate
-from diffusiongemma.dgemma.denoising import fastpath, loop
+from diffusiongemma.dgemma.denoising import loop
 from diffusiongemma.dgemma.denoising.stepcopy import StepCopy, pack
 from diffusiongemma.dgemma.readouts.trace import Recorder
+from diffusiongemma.dgemma.steps import fastpath
 from diffusiongemma.testing.waits import DeviceCalls
 
 TRACE = ("blocks", "steps", "ids", "committed_bits", "stop_bits", "pinned_bits", "constrained_bits", "entropy", "times")

@@ -12,8 +12,8 @@ from executor import call
 from diffusiongemma import NODE_CLASS_MAPPINGS
 from diffusiongemma.dgemma import Knobs, generate
 from diffusiongemma.dgemma.demo import colour_image
+from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.inputs.context import encode_context
 from diffusiongemma.dgemma.inputs.tokens import frame_texts, prompt_ids
 from diffusiongemma.dgemma.inputs.vision import MAX_IMAGES, prepare_images
 from diffusiongemma.dgemma.readouts.runlog import records

@@ -16,9 +16,9 @@ import inspect
 
 import torch
 
-from ..inputs.cache import fork_cache
 from ..loading.patching import LOCK, note_once
 from .batch_experts import experts_by_row, rows_of
+from .cache import fork_cache
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -182,8 +182,8 @@ def default_max_batch(dm, held_tokens: int, free: int) -> int:
 
 def fitting_batch(requests) -> int:
     """The default batch size of these requests: what fits in the free memory of their model's device."""
-    from ..inputs.cache import input_device
     from ..loading.preflight import free_ram, free_vram
+    from .cache import input_device
 
     dm = requests[0].dm
     held = max((r.context.length if r.context is not None else 0) + len(r.turn) + r.blocks * dm.canvas_length

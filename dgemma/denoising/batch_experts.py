@@ -22,8 +22,8 @@ import weakref
 
 import torch
 
-from ..inputs.cache import input_device
 from ..loading.patching import note_once
+from .cache import input_device
 
 CHECKED = "54beecae8764c6e9"  # sha256 (16 hex) of transformers' grouped_mm_experts_forward, as in 5.23
 _rows = threading.local()  # the batch's row length while a batched forward runs in this thread

@@ -18,12 +18,12 @@ import torch
 
 from ..constraints.guide import UNCONSTRAINED
 from ..errors import Cancelled
-from ..inputs.cache import encode_ids, input_device
 from ..inputs.knobs import Knobs, num_blocks
 from ..inputs.pins import Pins
 from ..readouts.trace import Frame, Recorder
+from ..steps.schedulers import Scheduling
 from ..versions import cache_kw
-from .schedulers import Scheduling
+from .cache import encode_ids, input_device
 from .stepcopy import HostStep, Packed, StepCopy, pack
 from .threads import with_compute_threads
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from ..inputs.knobs import Knobs, KnobSpec, check_knob, num_blocks
+from ..inputs.knobs import Knobs, KnobSpec, canvas_positions, check_knob
 from ..inputs.pins import Pins
 from ..inputs.pins import parse as parse_pins
 from ..inputs.vision import image_record
 from ..readouts.trace import Recorded
+from ..steps.schedulers import Scheduling
 from .loop import LoopPlan, Pause
-from .schedulers import Scheduling
 
 AUTO = -1  # start_step: where the wired canvas_state paused, else 0
 
@@ -174,7 +174,7 @@ class Advanced:
 
     def plan(self, dm, knobs: Knobs) -> LoopPlan:
         """The loop's plan; refuses a bad window or bad pins (no model work is done here)."""
-        pins = parse_pins(dm, self.pins, num_blocks(knobs.gen_length, dm.canvas_length) * dm.canvas_length)
+        pins = parse_pins(dm, self.pins, canvas_positions(knobs.gen_length, dm.canvas_length))
         return window_plan(dm, knobs, self.scheduling, self.start, self.end_step, pins, self.resume)
 
     @property

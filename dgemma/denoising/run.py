@@ -13,9 +13,7 @@ import torch
 
 from ..constraints.guide import Guide, GuidePlan, guide_for
 from ..errors import InputError, short
-from ..inputs.cache import encode_ids, fork_cache, input_device, new_cache
-from ..inputs.context import KVCache, mint
-from ..inputs.knobs import Knobs, num_blocks
+from ..inputs.knobs import Knobs, canvas_positions, num_blocks
 from ..inputs.pins import report as pin_report
 from ..inputs.seeding import make_generator
 from ..inputs.tokens import check_text, prompt_ids
@@ -24,8 +22,10 @@ from ..payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from ..readouts.excision import excise, thought_text
 from ..readouts.logprobs import MAX_TOP, Capture
 from ..readouts.trace import CanvasTrace, Frame, Recorder
+from ..steps.schedulers import steps_together
 from .batch import BatchForward, fitting_batch, give_back_freed
-from .batch_step import steps_together
+from .cache import encode_ids, fork_cache, input_device, new_cache
+from .context import KVCache, mint
 from .loop import Lane, LoopPlan, drive
 from .resume import Advanced, Resume, check_advanced
 from .threads import with_compute_threads
@@ -74,7 +74,7 @@ def turn_ids(dm, prompt: str, knobs: Knobs, context, images=None) -> list[int]:
         raise InputError("prompt", f"prompt is {len(turn)} tokens, over the limit of {MAX_TURN_TOKENS} for a "
                                    "turn; shorten it, or encode the long part as a KV context")
     held = (context.length if context is not None else 0) + len(turn)
-    total = held + num_blocks(knobs.gen_length, dm.canvas_length) * dm.canvas_length
+    total = held + canvas_positions(knobs.gen_length, dm.canvas_length)
     limit = dm.max_positions
     if total > limit:
         raise InputError("gen_length", f"gen_length {knobs.gen_length} after {held} tokens of context and turn "

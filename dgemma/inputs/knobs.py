@@ -106,18 +106,33 @@ class Knobs:
         return asdict(self)
 
     def position(self, step: int) -> float:
-        """Schedule position t = (N - step) / N of `step` (0-based): 1 at the first step, 1/N at the last."""
-        return (self.num_inference_steps - step) / self.num_inference_steps
+        return schedule_position(self.num_inference_steps, step)
 
     def temperature(self, step: int) -> float:
         """The entropy_bound schedule's temperature at `step` (0-based) of a block, as these knobs set it: the
         clock of a Recorder given no scheduler; a run's steps read theirs from its built scheduler."""
-        return self.t_min + (self.t_max - self.t_min) * self.position(step)
+        return anneal(self.t_min, self.t_max, self.position(step))
+
+
+def schedule_position(steps: int, step: int) -> float:
+    """Schedule position t = (N - step) / N of `step` (0-based) of N: 1 at the first step, 1/N at the last."""
+    return (steps - step) / steps
+
+
+def anneal(t_min: float, t_max: float, t: float) -> float:
+    """The entropy-bound temperature at schedule position t: t_max at t = 1, cooling toward t_min (the one formula,
+    diffusers' EntropyBoundScheduler's; a test holds them equal)."""
+    return t_min + (t_max - t_min) * t
 
 
 def num_blocks(gen_length: int, canvas_length: int) -> int:
     """Blocks a run of `gen_length` tokens takes on a canvas of `canvas_length` positions: the one count."""
     return math.ceil(gen_length / canvas_length)
+
+
+def canvas_positions(gen_length: int, canvas_length: int) -> int:
+    """Positions a run of `gen_length` tokens writes: its blocks' whole canvases."""
+    return num_blocks(gen_length, canvas_length) * canvas_length
 
 
 def knobs_from(values: dict, every: bool = False) -> Knobs:

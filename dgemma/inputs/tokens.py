@@ -187,11 +187,6 @@ def _expand(dm, images, before: list[int], after: list[int]) -> tuple[list[int],
     return whole[:cut], whole[cut + 1:]
 
 
-def context_ids(dm, text: str) -> list[int]:
-    """Raw context with no chat framing; it opens the sequence, so it carries the only BOS."""
-    return [dm.tokenizer.bos_token_id] + literal_ids(dm.tokenizer, text)
-
-
 def tokenizer_fingerprint(tokenizer) -> str:
     """The vocabulary's size and digest: a KV context encoded by another tokenizer is refused by it."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import LoadCancelled
+from ..errors import LoadCancelled, short
 from ..inputs.tokens import check_template, tokenizer_fingerprint
 from ..payloads import DGemmaModel
 from . import deviceplan, patches, patching, preflight, quant_at_load
 from .identity import checkpoint_identity
-from .preflight import short
 from .quant import MADE_AT_LOAD, after_load, check_packed, check_quant, model_class, quant_method, shared_copy_bytes
 from .quant_at_load import quantization_config
 from .weightquant import has_bitsandbytes

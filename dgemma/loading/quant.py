@@ -160,11 +160,6 @@ def _share(encoder, decoder, files) -> tuple[int, int]:
     return shared, kept
 
 
-def packed_names(module) -> list[str]:
-    """Names of the auto-round packed layers inside `module`."""
-    return [n for n, m in module.named_modules() if _is_packed(m)]
-
-
 def _is_packed(module) -> bool:
     return isinstance(getattr(module, "qweight", None), torch.Tensor)
 

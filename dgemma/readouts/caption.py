@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .readings import known
+from ..readings import known
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ..errors import require_type, short
-from .readings import knob_not_sent, why_unknown
+from ..readings import knob_not_sent, why_unknown
 from .states import ALL_COLOURS, NAMES, PALETTE, UNKNOWN_COLOUR, UNKNOWN_NAME
 from .trace import CanvasTrace
 

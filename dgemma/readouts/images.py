@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..readings import why_unknown
 from .caption import trace_captions
 from .fonts import BLANK, SUBSTITUTE, GlyphAtlas, default_atlas
-from .readings import why_unknown
 from .states import ALL_COLOURS, CONSTRAINED, NEW, NOISE, PINNED, SETTLED, UNKNOWN, UNKNOWN_NAME
 from .textlayout import TextLayout
 

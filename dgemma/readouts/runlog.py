@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import InputError, require_type
 from ..inputs.knobs import KNOBS, Knobs
 from ..payloads import CanvasState, RunConfig
+from ..readings import Readings, knob_not_sent, known
 from .outfiles import save_new
-from .readings import Readings, knob_not_sent, known
 from .trace import CanvasTrace
 
 SCHEMA = "dg-runlog/1"

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..denoising import schedulers
 from ..inputs.knobs import Knobs
-from .readings import why_unknown
+from ..readings import why_unknown
+from ..steps import schedulers
 from .states import UNKNOWN, position_states
 
 
@@ -130,11 +130,6 @@ class CanvasTrace:
     def stop(self) -> np.ndarray:
         """(S, L) bool: positions the adaptive stop committed that the scheduler had not."""
         return self._unpack(self.stop_bits)
-
-    @property
-    def scheduler_committed(self) -> np.ndarray:
-        """(S, L) bool: the scheduler's own committed mask."""
-        return self.committed & ~self.stop
 
     @property
     def pinned(self) -> np.ndarray | None:

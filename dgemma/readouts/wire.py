@@ -14,9 +14,8 @@ from dataclasses import fields
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, short
 from ..inputs.knobs import Knobs
-from ..loading.preflight import short
 from ..payloads import CanvasState, RunConfig
 from .trace import Frame, Recorded, Recorder, Row
 
@@ -117,10 +116,6 @@ def _packed(data, name: str, nbytes: int, none: bool = False) -> np.ndarray | No
 
 def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
-
-
-def _array(text: str, dtype) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype=dtype).copy()
 
 
 def _bits(mask) -> str | None:

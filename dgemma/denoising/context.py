@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import Cancelled, InputError
+from ..inputs.tokens import check_text, literal_ids
+from ..inputs.vision import check_image_tensor, check_vision, image_token_ids, prepare_images
 from ..payloads import check_model
 from .cache import encode_ids, fork_cache, input_device, new_cache
-from .tokens import check_text, literal_ids
-from .vision import check_image_tensor, check_vision, image_token_ids, prepare_images
 
 CHUNK = 1024  # tokens encoded per forward, so a long context stays interruptible
 

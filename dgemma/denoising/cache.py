@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from ..denoising.threads import with_compute_threads
 from ..versions import cache_kw
+from .threads import with_compute_threads
 
 
 def new_cache(model):

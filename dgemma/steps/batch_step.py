@@ -20,9 +20,8 @@ import threading
 
 import torch
 
+from ..inputs.knobs import anneal, schedule_position
 from ..loading.patches import _installed
-from . import fastpath
-from .schedulers import EntropyBound, StepOutput
 
 # sha256 (16 hex) of EntropyBoundScheduler.step and _sample_from_logits source, as in diffusers 0.42
 CHECKED_STEP = "1285ea587eeee5f3"
@@ -47,7 +46,7 @@ def _multinomial_is_exponential_argmax(device) -> bool:
 
 def entropy_of(logits):
     """torch.distributions.Categorical(logits=logits).entropy(): its very ops, without building the object (whose
-    argument check reads a tensor on the host). `_applies` checks the two agree to the bit."""
+    argument check reads a tensor on the host). `applies` checks the two agree to the bit."""
     normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
     return -(torch.clamp(normalized, min=torch.finfo(normalized.dtype).min) * normalized.softmax(dim=-1)).sum(-1)
 
@@ -58,7 +57,7 @@ def _entropy_is_categoricals(device) -> bool:
     return torch.equal(entropy_of(probe), torch.distributions.Categorical(logits=probe).entropy())
 
 
-def _applies(scheduler, device) -> bool:
+def applies(scheduler, device) -> bool:
     """True where this scheduler's step on `device` is the code replayed here (checked once per class and kind
     of device)."""
     key = f"{type(scheduler).__name__} {torch.device(device).type}"
@@ -80,26 +79,14 @@ def _per_value(values, x, op):
     return torch.cat([op(x[r:r + 1], v) for r, v in enumerate(values)])
 
 
-def entropy_bound_steps(lanes, logits) -> list[StepOutput]:
-    """One EntropyBoundScheduler step of every lane from its row of `logits` (B, L, V)."""
-    return entropy_bound_rows([lane.stepper.impl for lane in lanes], [lane.step for lane in lanes],
-                              [lane.generator for lane in lanes], logits.to(lanes[0].decoder.device))
-
-
-def fused_step(scheduler, logits, step: int, generator) -> StepOutput | None:
-    """One EntropyBoundScheduler step of one run, fused; None where it does not apply (or the fast path is off)."""
-    if not fastpath.on() or not _applies(scheduler, logits.device):
-        return None
-    return entropy_bound_rows([scheduler], [step], [generator], logits)[0]
-
-
-def entropy_bound_rows(impls, steps, generators, logits) -> list[StepOutput]:
-    """Row r of `logits` (B, L, V) stepped by scheduler `impls[r]` at step `steps[r]`, drawing from `generators[r]`."""
+def entropy_bound_rows(impls, steps, generators, logits) -> list[tuple]:
+    """Row r of `logits` (B, L, V) stepped by scheduler `impls[r]` at step `steps[r]`, drawing from `generators[r]`:
+    per row (canvas, accepted, scaled logits, entropy), the fields of a scheduler's StepOutput."""
     temperatures, bounds = [], []
     for impl, step in zip(impls, steps):
-        fraction = (impl.num_inference_steps - int(step)) / impl.num_inference_steps
-        temperatures.append(impl.config.t_min + (impl.config.t_max - impl.config.t_min) * fraction)
-        bounds.append(float(impl.config.entropy_bound))
+        c = impl.config
+        temperatures.append(anneal(c.t_min, c.t_max, schedule_position(impl.num_inference_steps, int(step))))
+        bounds.append(float(c.entropy_bound))
     device = logits.device
     scaled = _per_value(temperatures, logits, lambda x, t: x / t)
     B, L, V = scaled.shape
@@ -116,23 +103,10 @@ def entropy_bound_rows(impls, steps, generators, logits) -> list[StepOutput]:
     canvas = torch.where(accepted, sampled, renoise[0] if B == 1 else torch.cat(renoise))
     entropy = _float(entropy)
     if B == 1:
-        return [StepOutput(canvas, accepted, scaled, entropy)]
-    return [StepOutput(canvas[r:r + 1], accepted[r:r + 1], scaled[r:r + 1], entropy[r:r + 1]) for r in range(B)]
+        return [(canvas, accepted, scaled, entropy)]
+    return [(canvas[r:r + 1], accepted[r:r + 1], scaled[r:r + 1], entropy[r:r + 1]) for r in range(B)]
 
 
 def _float(x):
     """`x.float()` without the call where it is float32 already (each torch call is host time on a GPU)."""
     return x if x.dtype == torch.float32 else x.float()
-
-
-def steps_together(lanes, logits) -> list:
-    """Per lane its scheduler's step of its row of `logits`, taken together where the lanes' schedulers
-    allow it, else None (the lane steps alone)."""
-    together = [r for r, lane in enumerate(lanes)
-                if type(lane.stepper) is EntropyBound and _applies(lane.stepper.impl, lane.decoder.device)]
-    outs: list = [None] * len(lanes)
-    if len(together) > 1:
-        rows = logits if len(together) == len(lanes) else logits[together]
-        for r, out in zip(together, entropy_bound_steps([lanes[r] for r in together], rows)):
-            outs[r] = out
-    return outs

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import InputError, short
-from ..inputs.knobs import Knobs, KnobSpec, check_knob
+from ..inputs.knobs import Knobs, KnobSpec, anneal, check_knob, schedule_position
 from ..loading.patches import step_with_entropy
+from . import batch_step, fastpath
 
 REGISTRY: dict = {}         # name -> adapter class, in the order they were defined; the first is the default
 SCHEDULERS = REGISTRY       # the names (iterate it, or test `in`)
@@ -92,7 +93,7 @@ class SchedulerAdapter:
         return self.settings["temperature"]
 
     def position(self, step: int) -> float:
-        return (self.steps - step) / self.steps
+        return schedule_position(self.steps, step)
 
     def state(self):
         """What the scheduler carries between steps of a block, for resuming (None: nothing)."""
@@ -139,14 +140,11 @@ class EntropyBound(SchedulerAdapter):
     def temperature(self, step):
         """Annealed from t_max at the first step to t_min at the last, as the built scheduler's step does."""
         c = self.impl.config
-        return c.t_min + (c.t_max - c.t_min) * self.position(step)
+        return anneal(c.t_min, c.t_max, self.position(step))
 
     def step(self, logits, step, canvas, generator, forward):
-        from .batch_step import fused_step  # imports this module
-
-        fused = fused_step(self.impl, logits, step, generator)  # the same tokens, on the device, with no wait
-        if fused is not None:
-            return fused
+        if fastpath.on() and batch_step.applies(self.impl, logits.device):  # the same tokens, on the device, no wait
+            return StepOutput(*batch_step.entropy_bound_rows([self.impl], [step], [generator], logits)[0])
         out, entropy = step_with_entropy(self.impl, logits, step, canvas, generator)
         return StepOutput(out.prev_sample, out.accepted_index, out.pred_logits, entropy.float())
 
@@ -241,6 +239,23 @@ class DiscreteDDIM(SchedulerAdapter):
         return StepOutput(canvas, canvas == out.sampled_tokens, out.pred_logits)
 
 
+def steps_together(lanes, logits) -> list:
+    """Per lane its scheduler's step of its row of `logits` (B, L, V), taken together where the lanes'
+    schedulers allow it (the fused entropy-bound step), else None (the lane steps alone)."""
+    together = [r for r, lane in enumerate(lanes)
+                if type(lane.stepper) is EntropyBound and batch_step.applies(lane.stepper.impl, lane.decoder.device)]
+    outs: list = [None] * len(lanes)
+    if len(together) > 1:
+        group = [lanes[r] for r in together]
+        rows = batch_step.entropy_bound_rows([lane.stepper.impl for lane in group], [lane.step for lane in group],
+                                             [lane.generator for lane in group],
+                                             (logits if len(together) == len(lanes) else logits[together])
+                                             .to(group[0].decoder.device))
+        for r, out in zip(together, rows):
+            outs[r] = StepOutput(*out)
+    return outs
+
+
 def default() -> type[SchedulerAdapter]:
     """The scheduler a run that picks none runs: the first defined."""
     return next(iter(REGISTRY.values()))
@@ -256,7 +271,8 @@ class Scheduling:
     name: str
     settings: tuple  # ((knob, value), ...) of the chosen scheduler's own knobs, defaults filled in
 
-    def __init__(self, name: str = "entropy_bound", **values):
+    def __init__(self, name: str | None = None, **values):
+        name = default().name if name is None else name
         if name not in REGISTRY:
             raise InputError("scheduler", f"scheduler must be one of {', '.join(REGISTRY)}, got {short(name)}")
         for knob, value in values.items():

@@ -1,4 +1,4 @@
-"""Whether the engine takes its fast path: the entropy-bound step fused on the device (dgemma/denoising/batch_step.py),
+"""Whether the engine takes its fast path: the entropy-bound step fused on the device (dgemma/steps/batch_step.py),
 which gives diffusers' very tokens. DGEMMA_FAST=0 in the environment, or `eager()` around a run, takes the
 eager path (diffusers' own step), for parity checks (decision 0030)."""
 

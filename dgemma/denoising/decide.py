@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..denoising.loop import BlockDecoder
-from ..denoising.run import RunResult, fresh_start, prepare, run_watched
-from ..denoising.threads import compute_threads
 from ..errors import Cancelled, InputError
-from ..inputs.cache import fork_cache
 from ..inputs.knobs import Knobs
 from ..inputs.seeding import make_generator
 from ..inputs.tokens import check_text, literal_ids
 from ..payloads import check_model
+from .cache import fork_cache
+from .loop import BlockDecoder
+from .run import RunResult, fresh_start, prepare, run_watched
+from .threads import compute_threads
 
 MAX_SAMPLES = 64
 MAX_OPTIONS = 256
