@@ -95,3 +95,18 @@ def test_quantized_files_answer(path):
 def test_an_image_is_refused_by_name(gguf_f32):
     with pytest.raises(InputError, match="GGUF.*no vision tower.*safetensors"):
         generate(gguf_f32, "What colour is this?", DEMO_KNOBS, image=colour_image("red", 64, 64))
+
+
+def test_the_loader_lists_and_loads_a_gguf_under_the_models_folder(tmp_path, monkeypatch):
+    import shutil
+
+    from diffusiongemma.nodes.loader import DGemmaLoader, model_choices
+
+    shutil.copy(Q8, tmp_path / "demo-Q8_0.gguf")
+    (tmp_path / "notes.txt").write_text("not a model")
+    monkeypatch.setenv("DGEMMA_MODELS_DIR", str(tmp_path))
+    assert model_choices()[0] == "demo-Q8_0.gguf" and "notes.txt" not in model_choices()
+    (dm,) = DGemmaLoader().load("auto", model="demo-Q8_0.gguf")
+    assert dm.quant == "gguf" and Path(dm.source).name == "demo-Q8_0.gguf"
+    with pytest.raises(ValueError, match="quant 'gguf'"):
+        DGemmaLoader().load("8bit", model="demo-Q8_0.gguf")
