@@ -157,11 +157,12 @@ def model_roots() -> list[Path]:
 
 
 def local_models() -> list[str]:
-    """Names of the checkpoint folders (holding config.json) directly under the model folders."""
+    """Names of the checkpoint folders (holding config.json) and GGUF files directly under the model folders."""
     names = set()
     for root in model_roots():
         if root.is_dir():
-            names.update(p.name for p in root.iterdir() if (p / "config.json").is_file())
+            names.update(p.name for p in root.iterdir() if (p / "config.json").is_file()
+                         or (p.suffix.lower() == ".gguf" and p.is_file()))
     return sorted(names)
 
 
@@ -170,7 +171,7 @@ def resolve_local_model(name: str) -> Path | None:
     if not name or name in (".", "..") or Path(name).name != name or "/" in name or "\\" in name:
         raise ValueError(f"model folder name {name!r} must be a single folder name under models/{MODEL_FOLDER}")
     for root in model_roots():
-        if (root / name / "config.json").is_file():
+        if (root / name / "config.json").is_file() or (name.lower().endswith(".gguf") and (root / name).is_file()):
             return root / name
     return None
 

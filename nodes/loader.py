@@ -33,7 +33,8 @@ def resolve_choice(choice: str) -> str:
         return str(DEMO_DIR)
     folder = host.resolve_local_model(choice)
     if folder is None:
-        raise ValueError(f"model {choice!r} is not a folder with config.json under models/{host.MODEL_FOLDER}; "
+        raise ValueError(f"model {choice!r} is not a folder with config.json nor a .gguf file under "
+                         f"models/{host.MODEL_FOLDER}; "
                          f"put the checkpoint folder there or pick one of {model_choices()}")
     return str(folder)
 
@@ -81,8 +82,8 @@ class DGemmaLoader:
             },
             "optional": {
                 "model": (choices, {"default": choices[0], "tooltip":
-                          "Checkpoint: a folder under models/diffusiongemma, the shipped demo model, or a hub id "
-                          "(downloaded on first use)."}),
+                          "Checkpoint: a folder or a .gguf file under models/diffusiongemma, the shipped demo model, "
+                          "or a hub id (downloaded on first use)."}),
                 **{name: option_input(name) for name in ("device", "dtype", "local_files_only")},
                 "after_run": (list(memory.AFTER_RUN), {"default": "keep", "tooltip": memory.AFTER_RUN_TOOLTIP}),
             },

@@ -56,6 +56,8 @@ def test_quant_mismatch_is_refused(tiny_dir, no_weights_read):
     with pytest.raises(ValueError, match="needs an AutoRound checkpoint.*has no quantization_config"):
         load_model(str(tiny_dir), quant="autoround")
     with pytest.raises(ValueError, match="quant must be one of"):
+        load_model(str(tiny_dir), quant="q4_k_m")
+    with pytest.raises(ValueError, match="quant 'gguf' needs a .gguf file"):
         load_model(str(tiny_dir), quant="gguf")
 
 

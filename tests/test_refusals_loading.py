@@ -174,7 +174,7 @@ FOLDER_CASES = [
     ("autoround-config-plain-weights", autoround_config, {"quant": "autoround"},
      ["quant_method 'auto-round'", ".qweight", "not quantized"]),
     ("plain-config-packed-weights", rename_to_qweight, {}, ["q_proj.qweight", "quantization_config", "download"]),
-    ("quant-unknown", lambda f: None, {"quant": "gguf"}, ["quant", "'gguf'", "one of"]),
+    ("quant-unknown", lambda f: None, {"quant": "q4_k_m"}, ["quant", "'q4_k_m'", "one of"]),
     ("device-unknown", lambda f: None, {"device": "tpu"}, ["device", "'tpu'", "pick one of"]),
     ("dtype-unknown", lambda f: None, {"dtype": "int8"}, ["dtype", "'int8'", "pick one of"]),
     ("local-files-only-text", lambda f: None, {"local_files_only": "yes"},

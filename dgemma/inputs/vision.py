@@ -99,6 +99,10 @@ def _check_values(name: str, image: torch.Tensor) -> None:
 def check_vision(name: str, dm) -> None:
     """Refuse an image before work when the model cannot read one."""
     encoder = dm.model.model.encoder
+    if getattr(dm, "quant", None) == "gguf":
+        raise InputError(name, f"model {dm.source!r} is a GGUF, which has no vision tower (llama.cpp's converter "
+                               f"drops it), so it cannot read an {name}; unwire {name}, or load the safetensors "
+                               "checkpoint (google/diffusiongemma-26B-A4B-it) for images")
     if getattr(encoder, "vision_tower", None) is None or getattr(dm.model.config, "vision_config", None) is None:
         raise InputError(name, f"model {dm.source!r} has no vision tower, so it cannot read an {name}; unwire "
                                f"{name} or load a checkpoint with vision")

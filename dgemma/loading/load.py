@@ -209,6 +209,22 @@ def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device
     return deviceplan.plan(needs[quant], device, quant=quant, others=needs, **machine)
 
 
+def is_gguf(source) -> bool:
+    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".gguf")
+
+
+def _load_gguf(source, quant: str, dtype: str, device: str, should_cancel) -> DGemmaModel:
+    from .gguf_load import load_gguf
+
+    if quant not in ("auto", "gguf"):
+        raise ValueError(f"{Path(source).name} is a GGUF file, which loads with quant 'gguf' (or 'auto'), not "
+                         f"{short(quant)}; set quant to 'gguf'")
+    path = Path(os.path.expanduser(str(source)))
+    if not path.is_file():
+        raise ValueError(f"GGUF file {short(str(source))} does not exist; put it under models/diffusiongemma")
+    return load_gguf(path, dtype=dtype, device=device, should_cancel=should_cancel)
+
+
 @patches.paused_gc()
 def load_model(source: str, quant: str = "none", dtype: str = "auto", device: str = "auto",
                local_files_only: bool = False, should_cancel=None) -> DGemmaModel:
@@ -222,6 +238,8 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     if not isinstance(local_files_only, bool):
         raise ValueError(f"local_files_only must be true or false, got {short(local_files_only)} "
                          f"({type(local_files_only).__name__}); set it to true or false")
+    if is_gguf(source):
+        return _load_gguf(source, quant, dtype, device, should_cancel)
     folder = check_source(source)
     resolve_device(device)
     torch_dtype = resolve_dtype(dtype)

@@ -21,7 +21,9 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
                         "a split or the CPU when none fits whole). none: the checkpoint's own dtype (bf16, about "
                         "52 GiB at a step for the real model); 8bit / 4bit: the bf16 checkpoint's MoE experts "
                         "quantized while it loads (about 29 / 20 GiB at a step; needs bitsandbytes); autoround: a "
-                        "pre-quantized AutoRound INT4 checkpoint (about 31 GiB, needs auto-round)."),
+                        "pre-quantized AutoRound INT4 checkpoint (about 31 GiB, needs auto-round); gguf: a .gguf "
+                        "file, its weights kept in their GGUF blocks (the mode auto picks for a .gguf, and the "
+                        "only one it loads in)."),
     "device": LoadOption(tuple(DEVICES), "auto",
                          "auto: the GPU when there is one, offloading to CPU RAM when VRAM is short; cuda: all on "
                          "the GPU; cpu: all on the CPU."),

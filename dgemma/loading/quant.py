@@ -21,7 +21,7 @@ import torch
 
 from ..errors import short
 
-QUANTS = ("auto", "none", "autoround", "4bit", "8bit")
+QUANTS = ("auto", "none", "autoround", "4bit", "8bit", "gguf")
 MADE_AT_LOAD = ("4bit", "8bit")  # quantized from the unquantized checkpoint while it loads (quant_at_load)
 # Fused MoE expert parameters (3D); auto-round splits them into per-expert linears.
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
@@ -47,6 +47,9 @@ def check_quant(quant: str, config, source: str) -> None:
     if quant in ("none", *MADE_AT_LOAD) and method is not None:
         raise ValueError(f"{source!r} is a {method} quantized checkpoint but quant is {quant!r}; set quant to "
                          "'autoround' for an AutoRound checkpoint, or load an unquantized one")
+    if quant == "gguf":
+        raise ValueError(f"quant 'gguf' needs a .gguf file, but {source!r} is a safetensors checkpoint; set quant "
+                         "to 'auto' or 'none', or pick a .gguf file under models/diffusiongemma")
     if quant == "autoround" and method != "auto-round":
         found = "no quantization_config" if method is None else f"quant_method {method!r}"
         raise ValueError(f"quant 'autoround' needs an AutoRound checkpoint, but {source!r} has {found}; set quant "

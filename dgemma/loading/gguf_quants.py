@@ -1,0 +1,161 @@
+"""GGUF blocks to floats, in torch, on whichever device the bytes sit.
+
+Each type's layout is ggml's (block size in weights, bytes per block). Every function takes a uint8
+tensor of shape (blocks, bytes per block) and returns float32 (blocks, weights per block) with the
+same operations, in the same order and precision, as the `gguf` package's numpy reference, so the
+values are bit-for-bit its values (float32 multiplications and additions round the same everywhere;
+no step fuses them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+QK_K = 256  # weights in a K-quant super-block
+
+# ggml type id -> (name, weights per block, bytes per block)
+TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2),
+}
+BY_NAME = {name: tid for tid, (name, _, _) in TYPES.items()}
+
+
+def _shifts(values, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.uint8, device=device)
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    """(n, 2) little-endian half floats -> (n, 1) float32."""
+    return raw.contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor, groups: int) -> torch.Tensor:
+    """Bytes (n, groups * width) -> (n, groups * 2 * width): each group's low nibbles, then its high ones."""
+    n = qs.shape[0]
+    q = qs.reshape(n, groups, 1, -1) >> _shifts([0, 4], qs.device).reshape(1, 1, 2, 1)
+    return (q & 0x0F).reshape(n, -1)
+
+
+def _bits(qh: torch.Tensor) -> torch.Tensor:
+    """(n, b) bytes -> (n, 8b) bits, least significant first (a little-endian bit field)."""
+    n = qh.shape[0]
+    return ((qh.reshape(n, -1, 1) >> _shifts(range(8), qh.device).reshape(1, 1, 8)) & 1).reshape(n, -1)
+
+
+def q8_0(b):
+    return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
+
+
+def q4_0(b):
+    q = (_nibbles(b[:, 2:], 1).to(torch.int8) - 8).float()
+    return _f16(b[:, :2]) * q
+
+
+def q4_1(b):
+    return _f16(b[:, :2]) * _nibbles(b[:, 4:], 1).float() + _f16(b[:, 2:4])
+
+
+def _five_bits(qh, qs):
+    return _nibbles(qs, 1) | (_bits(qh) << 4)
+
+
+def q5_0(b):
+    q = (_five_bits(b[:, 2:6], b[:, 6:]).to(torch.int8) - 16).float()
+    return _f16(b[:, :2]) * q
+
+
+def q5_1(b):
+    return _f16(b[:, :2]) * _five_bits(b[:, 4:8], b[:, 8:]).float() + _f16(b[:, 2:4])
+
+
+def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 12 bytes of a Q4_K/Q5_K super-block: eight 6-bit scales and eight 6-bit mins."""
+    n = s.shape[0]
+    s = s.reshape(n, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    scales = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
+    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
+    return scales, mins
+
+
+def _k_scaled(b, q):
+    """d * scale * q - dmin * min over the eight 32-weight groups of a super-block."""
+    n = b.shape[0]
+    sc, mn = _k_scales(b[:, 4:16])
+    d = (_f16(b[:, :2]) * sc.float()).reshape(n, 8, 1)
+    dm = (_f16(b[:, 2:4]) * mn.float()).reshape(n, 8, 1)
+    return (d * q.reshape(n, 8, 32).float() - dm).reshape(n, QK_K)
+
+
+def q4_k(b):
+    return _k_scaled(b, _nibbles(b[:, 16:], 4))
+
+
+def q5_k(b):
+    n = b.shape[0]
+    low = _nibbles(b[:, 48:], 4)
+    high = ((b[:, 16:48].reshape(n, 1, 32) >> _shifts(range(8), b.device).reshape(1, 8, 1)) & 1).reshape(n, -1)
+    return _k_scaled(b, low | (high << 4))
+
+
+def q6_k(b):
+    n = b.shape[0]
+    low = _nibbles(b[:, :128], 2)
+    high = ((b[:, 128:192].reshape(n, 2, 1, 32) >> _shifts([0, 2, 4, 6], b.device).reshape(1, 1, 4, 1)) & 3)
+    q = ((low | (high.reshape(n, -1) << 4)).to(torch.int8) - 32).reshape(n, 16, 16).float()
+    d = (_f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float()).reshape(n, 16, 1)
+    return (d * q).reshape(n, QK_K)
+
+
+def f32(b):
+    return b.contiguous().view(torch.float32)
+
+
+def f16(b):
+    return b.contiguous().view(torch.float16).float()
+
+
+def bf16(b):
+    return (b.contiguous().view(torch.int16).to(torch.int32) << 16).view(torch.float32)
+
+
+BLOCKS = {0: f32, 1: f16, 2: q4_0, 3: q4_1, 6: q5_0, 7: q5_1, 8: q8_0, 12: q4_k, 13: q5_k, 14: q6_k, 30: bf16}
+
+
+def type_name(qtype: int) -> str:
+    return TYPES[qtype][0] if qtype in TYPES else f"type {qtype}"
+
+
+def row_bytes(qtype: int, row: int) -> int:
+    """Bytes of one row of `row` weights (a whole number of blocks)."""
+    _, size, nbytes = TYPES[qtype]
+    if row % size:
+        raise ValueError(f"a {type_name(qtype)} row of {row} weights is not a whole number of {size}-weight blocks")
+    return row // size * nbytes
+
+
+def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], dtype=torch.float32,
+               chunk_rows: int = 0) -> torch.Tensor:
+    """The weights of `raw` (uint8, rows of blocks, any leading shape) as a `shape` tensor of `dtype`.
+
+    `chunk_rows` > 0 converts that many rows at a time into the result, so the float32 intermediate of
+    a large tensor is never whole (the values are the same either way)."""
+    if qtype not in BLOCKS:
+        raise ValueError(f"GGUF tensor type {type_name(qtype)} is not supported")
+    _, size, nbytes = TYPES[qtype]
+    rows = raw.reshape(-1, raw.shape[-1])
+    out_row = rows.shape[-1] // nbytes * size
+    if chunk_rows <= 0 or chunk_rows >= rows.shape[0]:
+        return _rows(rows, qtype, nbytes, out_row).to(dtype).reshape(shape)
+    out = torch.empty(rows.shape[0], out_row, dtype=dtype, device=raw.device)
+    for start in range(0, rows.shape[0], chunk_rows):
+        part = rows[start:start + chunk_rows]
+        out[start:start + part.shape[0]] = _rows(part, qtype, nbytes, out_row)
+    return out.reshape(shape)
+
+
+def _rows(rows: torch.Tensor, qtype: int, nbytes: int, out_row: int) -> torch.Tensor:
+    blocks = rows.reshape(-1, nbytes)
+    return BLOCKS[qtype](blocks).reshape(rows.shape[0], out_row)
