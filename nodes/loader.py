@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
 from ..dgemma.errors import short
-from ..dgemma.loading.load import DEFAULT_HUB_ID, DEVICES, DTYPES, load_model
-from ..dgemma.loading.load_options import LOAD_OPTIONS
+from ..dgemma.loading.load import DEFAULT_HUB_ID, load_model
+from ..dgemma.loading.load_options import DEVICES, DTYPES, LOAD_OPTIONS
 from ..dgemma.loading.quant import QUANTS
 from . import host, memory
 from .schema import CATEGORY, MODEL

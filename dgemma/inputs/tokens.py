@@ -192,3 +192,22 @@ def tokenizer_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     digest = hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode("utf-8", "surrogatepass"))
     return f"{len(vocab)}:{digest.hexdigest()[:16]}"
+
+
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """The ids that end an answer: the generation config's EOS, the tokenizer's and the end of the turn."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    for token in (tokenizer.eos_token, "<turn|>"):
+        tid = tokenizer.convert_tokens_to_ids(token) if token else None
+        if tid is not None and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return tuple(sorted(ids))
+
+
+def channel_ids(tokenizer) -> tuple[int, int] | None:
+    """(<|channel>, <channel|>): the thought channel's delimiters; None where the vocabulary has none."""
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|channel>", "<channel|>")]
+    if any(i is None or i == tokenizer.unk_token_id for i in ids):
+        return None
+    return ids[0], ids[1]

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 
 from ..errors import LoadCancelled
-from ..inputs.tokens import check_template, tokenizer_fingerprint
+from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fingerprint
 from ..payloads import DGemmaModel
 from . import gguf_config, gguf_file
 from .gguf_file import ROPE_FREQS, checkpoint_name
 from .gguf_modules import GGUFLinear, GGUFWeight, make_embedding, make_experts
 from .gguf_quants import dequantize, row_bytes
+from .load_options import resolve_device, resolve_dtype
 
 log = logging.getLogger("dgemma")
 DECODER = "model.decoder."
@@ -153,8 +154,6 @@ class _Filler:
 
 def resolve(device: str, dtype: str) -> tuple[str, torch.dtype]:
     """`auto`: the GPU when there is one, computing in bfloat16 there and float32 on the CPU."""
-    from .load import resolve_device, resolve_dtype
-
     resolve_device(device)
     chosen = resolve_dtype(dtype)
     place = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -171,8 +170,6 @@ def identity(path: Path, stored: int, fingerprint: str) -> str:
 
 def load_gguf(path, dtype: str = "auto", device: str = "auto", should_cancel=None) -> DGemmaModel:
     """Load a DiffusionGemma GGUF; every check runs before a weight is allocated."""
-    from .load import _channel_ids, _eos_ids
-
     path = Path(path)
     place, torch_dtype = resolve(device, dtype)
     g = gguf_file.read(path)
@@ -189,5 +186,5 @@ def load_gguf(path, dtype: str = "auto", device: str = "auto", should_cancel=Non
     model._dgemma_gguf_bytes = g.tensor_bytes
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=tokenizer, source=str(path), quant="gguf",
                        device=place, dtype=str(torch_dtype).removeprefix("torch."),
-                       eos_ids=_eos_ids(model, tokenizer), channel_ids=_channel_ids(tokenizer),
+                       eos_ids=eos_ids(model, tokenizer), channel_ids=channel_ids(tokenizer),
                        image_processor=None, identity=identity(path, g.tensor_bytes, tokenizer_fingerprint(tokenizer)))

@@ -7,34 +7,17 @@ import os
 import threading
 from pathlib import Path
 
-import torch
-
 from ..errors import LoadCancelled, short
-from ..inputs.tokens import check_template, tokenizer_fingerprint
+from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fingerprint
 from ..payloads import DGemmaModel
 from . import deviceplan, patches, patching, preflight, quant_at_load
 from .identity import checkpoint_identity
+from .load_options import resolve_device, resolve_dtype
 from .quant import MADE_AT_LOAD, after_load, check_packed, check_quant, model_class, quant_method, shared_copy_bytes
 from .quant_at_load import quantization_config
 from .weightquant import has_bitsandbytes
 
-DTYPES = ("auto", "bfloat16", "float16", "float32")
-DEVICES = ("auto", "cuda", "cpu")
 DEFAULT_HUB_ID = "google/diffusiongemma-26B-A4B-it"
-
-
-def resolve_device(device: str) -> None:
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {short(device)}; pick one of those")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device is 'cuda' but this torch sees no CUDA GPU; choose device 'cpu' or 'auto', "
-                         "or install a CUDA build of torch")
-
-
-def resolve_dtype(dtype: str):
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {short(dtype)}; pick one of those")
-    return "auto" if dtype == "auto" else getattr(torch, dtype)
 
 
 def check_source(source: str) -> Path | None:
@@ -109,23 +92,6 @@ def load_image_processor(source, local_files_only: bool, processor):
         return Gemma4ImageProcessorPil.from_pretrained(source, local_files_only=local_files_only)
     except failures:
         return None
-
-
-def _eos_ids(model, tokenizer) -> tuple[int, ...]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-    for token in (tokenizer.eos_token, "<turn|>"):
-        tid = tokenizer.convert_tokens_to_ids(token) if token else None
-        if tid is not None and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return tuple(sorted(ids))
-
-
-def _channel_ids(tokenizer) -> tuple[int, int] | None:
-    ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|channel>", "<channel|>")]
-    if any(i is None or i == tokenizer.unk_token_id for i in ids):
-        return None
-    return ids[0], ids[1]
 
 
 @contextlib.contextmanager
@@ -274,6 +240,6 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     dtype_name = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).removeprefix("torch.")
     identity = checkpoint_identity(folder, where, stored, tokenizer_fingerprint(tokenizer))
     return DGemmaModel(model=model, tokenizer=tokenizer, processor=processor, source=where, quant=quant,
-                       device=placement.device, dtype=dtype_name, eos_ids=_eos_ids(model, tokenizer),
-                       channel_ids=_channel_ids(tokenizer), image_processor=image_processor, identity=identity,
+                       device=placement.device, dtype=dtype_name, eos_ids=eos_ids(model, tokenizer),
+                       channel_ids=channel_ids(tokenizer), image_processor=image_processor, identity=identity,
                        placement_note=placement.note)

@@ -4,8 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .load import DEVICES, DTYPES
+import torch
+
+from ..errors import short
 from .quant import QUANTS
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def resolve_device(device: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {short(device)}; pick one of those")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device is 'cuda' but this torch sees no CUDA GPU; choose device 'cpu' or 'auto', "
+                         "or install a CUDA build of torch")
+
+
+def resolve_dtype(dtype: str):
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {short(dtype)}; pick one of those")
+    return "auto" if dtype == "auto" else getattr(torch, dtype)
 
 
 @dataclass(frozen=True)
