@@ -124,6 +124,8 @@ def build_slice(out: Path, seed: int = 0, size: Size = REAL) -> Path:
         if not stored.intersection(own):
             continue
         module.to_empty(device="cpu", recurse=False)
+        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            t.data.fill_(1)  # what _init_weights leaves alone (a layer's scalar) is 1, never the memory's garbage
         model._init_weights(module)
         for n, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             full = f"{prefix}.{n}" if prefix else n

@@ -2,9 +2,11 @@
 spent inside torch calls (a TorchFunctionMode sees every torch call made from Python).
 
 A call waits when the host needs its result: a tensor read as a Python value (`item`, `tolist`, `bool`,
-`int`, `float`, `numpy`, `equal`), a copy to the host that blocks, or an op whose output size depends on
-the data (`nonzero`, boolean-mask indexing, `unique`...). On the CPU nothing waits, so every tensor counts
-as the device's except the engine's host buffers (dgemma/denoising/stepcopy.py), where a step's one wait ends.
+`int`, `float`, `numpy`, `equal`), a copy to the host that blocks, an op whose output size depends on
+the data (`nonzero`, boolean-mask indexing, `unique`...), or host data made into a device tensor
+(`tensor`/`as_tensor` given the model's device: a copy from pageable memory waits for the stream). On the
+CPU nothing waits, so every tensor counts as the device's except the engine's host buffers
+(dgemma/denoising/stepcopy.py), where a step's one wait ends.
 Waits inside torch (a kernel's own synchronisation) are not seen: only what Python asks for.
 """
 
@@ -21,6 +23,7 @@ from ..dgemma.denoising.stepcopy import is_host
 READS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__", "equal",
          "allclose", "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
 INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}
+UPLOADS = {"tensor", "as_tensor"}
 
 
 def _device(t) -> bool:
@@ -47,6 +50,9 @@ def waits(func, args, kwargs) -> bool:
     """Whether this torch call would make the host wait for the device."""
     name = getattr(func, "__name__", "")
     this = args[0] if args else None
+    if name in UPLOADS:  # on the CPU a device given as a torch.device is the model's; the string "cpu" the host's
+        device = kwargs.get("device")
+        return device is not None and not (isinstance(device, str) and device == "cpu")
     if name == "copy_":
         return is_host(this) and _device(args[1]) and not (kwargs.get("non_blocking") or args[2:3] == (True,))
     if not _device(this):
@@ -85,3 +91,29 @@ class DeviceCalls(TorchFunctionMode):
             return func(*args, **kwargs)
         finally:
             self.seconds[self.phase] += time.thread_time() - start
+
+
+def step_waits(run) -> tuple[int, int, collections.Counter]:
+    """(steps, the most waits in one step, the calls that waited in steps) while `run()` runs; a step is one
+    call of the loop's `_step` (every working lane's forward and scheduler step, and their copy to the host)."""
+    from ..dgemma.denoising import loop
+
+    calls, per_step = DeviceCalls(), []
+    inner = loop._step
+
+    def counted(*args):
+        before = calls.waits["step"]
+        calls.phase = "step"
+        try:
+            return inner(*args)
+        finally:
+            calls.phase = "engine"
+            per_step.append(calls.waits["step"] - before)
+
+    loop._step = counted
+    try:
+        with calls:
+            run()
+    finally:
+        loop._step = inner
+    return len(per_step), max(per_step, default=0), calls.names["step"]

@@ -112,6 +112,10 @@ def step_entropy(logits, scheduler_entropy, confidence: float):
     return scheduler_entropy
 
 
+def _host(canvas) -> np.ndarray:
+    return canvas[0].to("cpu").numpy()
+
+
 def _pin(canvas, pins):
     return canvas if pins is None else torch.where(pins[0], pins[1], canvas)
 
@@ -171,7 +175,6 @@ class Pending:
     packed: Packed
     canvas: torch.Tensor
     self_cond: torch.Tensor
-    logits: torch.Tensor  # for a capture of log-probabilities
 
 
 class Lane:
@@ -193,17 +196,17 @@ class Lane:
             knobs, self.decoder.L, self.decoder.device)
         self.knobs, self.generator, self.recorder = knobs, generator, recorder
         self.on_frame, self.encode_last = on_frame, encode_last
-        self.eos = torch.tensor(eos_ids, device=self.decoder.device)
         self.eos_host = np.asarray(eos_ids, dtype=np.int64)
         self.copy = StepCopy(self.decoder.device)
         self.last_ids = None  # the host ids of the block's last step
         self.done: list[torch.Tensor] = list(self.plan.resume.done) if self.plan.resume else []
+        self.done_ids = [_host(t) for t in self.done]  # the same blocks on the host, for the result's ids
         self.first = self.plan.resume.block if self.plan.resume else 0
         self.blocks = num_blocks(knobs.gen_length, self.decoder.L)
         self.block, self.step = self.first - 1, 0
         self.canvas = self.self_cond = self.stop = self.pins = None
         self.in_block = self.stopped = self.finished = False
-        self.sequence = None
+        self.sequence = self.sequence_ids = None  # (1, n) on the device, (n,) on the host, once ended
         self.paused: Pause | None = None  # where the lane stopped at its plan's end, a block unfinished
         self.on_end: Callable[[], None] | None = None  # told once, when the lane finished or paused
 
@@ -250,14 +253,15 @@ class Lane:
         held = out.committed if stopped is None else out.committed | by_stop  # None: the stop is off
         canvas, constrained = self.guide.apply(self.block, self.done, canvas, held, self_cond, pinned,
                                                self._last(step, stopped))
-        packed = pack(canvas, out.committed, by_stop, entropy, pinned, constrained, stopped)
-        return Pending(packed, canvas, self_cond, logits)
+        rows = None if self.capture is None else self.capture.rows(logits, canvas)
+        packed = pack(canvas, out.committed, by_stop, entropy, pinned, constrained, stopped, rows)
+        return Pending(packed, canvas, self_cond)
 
     def land(self, pending: Pending, host: HostStep) -> None:
         """The step's host work once its record is on the host: the recorder, the frame, the block's end."""
         frame = self.recorder.add_host(self.block, self.step, *host.arrays)
         if self.capture is not None:
-            self.capture.add(self.block, pending.logits, pending.canvas, frame.committed)
+            self.capture.add(self.block, host.ids, frame.committed, host.extra)
         if self.on_frame is not None:
             self.on_frame(frame)
         self.canvas, self.self_cond, self.stopped = pending.canvas, pending.self_cond, host.stopped
@@ -277,22 +281,26 @@ class Lane:
         self.self_cond, self.in_block = None, False
         self.recorder.end_block(self.stopped)
         self.done.append(self.canvas)
-        ids = self.last_ids  # the canvas as its last step brought it to the host; else read it now
-        if np.isin(ids, self.eos_host).any() if ids is not None else bool(torch.isin(self.canvas, self.eos).any()):
+        self.done_ids.append(self._canvas_ids())
+        if np.isin(self.done_ids[-1], self.eos_host).any():
             self._finish()
+
+    def _canvas_ids(self) -> np.ndarray:
+        """The canvas on the host: as its last step brought it there; read now when the block took no step."""
+        return self.last_ids if self.last_ids is not None else _host(self.canvas)
 
     def _pause(self) -> None:
         self.paused = Pause(self.block, self.step, self.canvas, self.self_cond, self.stop, self.stepper.state(),
                             tuple(self.done))
-        self._end(torch.cat([*self.done, self.canvas], dim=-1))
+        self._end(torch.cat([*self.done, self.canvas], dim=-1), [*self.done_ids, self._canvas_ids()])
 
     def _finish(self) -> None:
         if self.encode_last:
             encode_ids(self.decoder.model, self.decoder.cache, self.done[-1])
-        self._end(torch.cat(self.done, dim=-1))
+        self._end(torch.cat(self.done, dim=-1), self.done_ids)
 
-    def _end(self, sequence) -> None:
-        self.sequence, self.finished = sequence, True
+    def _end(self, sequence, ids) -> None:
+        self.sequence, self.sequence_ids, self.finished = sequence, np.concatenate(ids), True
         if self.on_end is not None:
             self.on_end()
 

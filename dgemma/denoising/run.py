@@ -319,7 +319,8 @@ def _result(item: _Item) -> RunResult:
 def _read_result(item: _Item, sequence, trace, recorded, image_record) -> CanvasState:
     """The readout, with what a later window needs to resume it and the constraint's verdict."""
     req, start, guide = item.req, item.start, item.guide
-    state = read_state(req.dm, sequence[0].tolist(), trace, req.plan.pins)
+    ids = sequence[0].tolist() if item.lane is None else item.lane.sequence_ids.tolist()  # a lane's: no wait
+    state = read_state(req.dm, ids, trace, req.plan.pins)
     if not req.plain:
         paused = item.lane.paused if item.lane is not None else None
         keep = Resume(req.dm.model, req.prompt, req.context, req.knobs, req.plan.scheduling.name, recorded,

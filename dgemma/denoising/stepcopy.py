@@ -43,6 +43,7 @@ class HostStep:
     pinned: np.ndarray | None
     constrained: np.ndarray | None
     stopped: bool
+    extra: np.ndarray | None = None  # the bytes a step packed after its record (a capture's rows)
 
     @property
     def arrays(self) -> tuple:
@@ -59,18 +60,21 @@ class Packed:
     has_pin: bool
     has_constraint: bool
     has_stop: bool
+    extra: int = 0  # bytes after the record
 
 
-def pack(canvas, committed, stop, entropy, pinned=None, constrained=None, stopped=None) -> Packed:
+def pack(canvas, committed, stop, entropy, pinned=None, constrained=None, stopped=None, extra=None) -> Packed:
     """Batch row 0 of one step's (1, L) tensors in one device buffer; `stopped` is the stop's device flag (None:
-    it cannot stop)."""
+    it cannot stop); `extra` (1, n) uint8 rides along to the host."""
     masks = [_bytes(_row0(m)) for m in (committed, stop, pinned, constrained) if m is not None]
     pieces = [_row0(canvas).to(torch.int32).view(torch.uint8), _row0(entropy).to(torch.float16).view(torch.uint8),
               *masks]
     if stopped is not None:
         pieces.append(stopped.reshape(1, 1).view(torch.uint8))
+    if extra is not None:
+        pieces.append(extra)
     return Packed(torch.cat(pieces, dim=-1), canvas.shape[-1], pinned is not None, constrained is not None,
-                  stopped is not None)
+                  stopped is not None, 0 if extra is None else extra.shape[-1])
 
 
 class StepCopy:
@@ -93,7 +97,7 @@ class StepCopy:
         steps, at = [], 0
         for p in packs:
             n = p.tensor.shape[-1]
-            steps.append(_read(view[at:at + n], p.length, p.has_pin, p.has_constraint, p.has_stop))
+            steps.append(_read(view[at:at + n], p))
             at += n
         return steps
 
@@ -108,15 +112,17 @@ def _bytes(mask):
     return (mask if mask.dtype == torch.bool else mask.to(torch.bool)).view(torch.uint8)
 
 
-def _read(view: np.ndarray, length: int, has_pin: bool, has_constraint: bool, has_stop: bool) -> HostStep:
-    at = 6 * length
+def _read(view: np.ndarray, p: Packed) -> HostStep:
+    length, at = p.length, 6 * p.length
     ids = view[:4 * length].view(np.int32).copy()
     entropy = view[4 * length:at].view(np.float16).copy()
     if np.isnan(entropy).any():
         raise FloatingPointError("the model's logits hold NaN or infinity, so no token can be drawn from them "
                                  "(often a float16 overflow): load the model in bfloat16 or float32")
     masks = []
-    for present in (True, True, has_pin, has_constraint):
+    for present in (True, True, p.has_pin, p.has_constraint):
         masks.append(view[at:at + length].view(np.bool_).copy() if present else None)
         at += length if present else 0
-    return HostStep(ids, masks[0], masks[1], entropy, masks[2], masks[3], bool(view[at]) if has_stop else False)
+    stopped = bool(view[at]) if p.has_stop else False
+    extra = view[at + p.has_stop:at + p.has_stop + p.extra].copy() if p.extra else None
+    return HostStep(ids, masks[0], masks[1], entropy, masks[2], masks[3], stopped, extra)

@@ -22,8 +22,15 @@ TYPES: dict[int, tuple[str, int, int]] = {
 BY_NAME = {name: tid for tid, (name, _, _) in TYPES.items()}
 
 
+_SHIFTS: dict = {}
+
+
 def _shifts(values, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.uint8, device=device)
+    """A small constant table on `device`, made once (made from host values, each making would wait)."""
+    key = (tuple(values), str(device))
+    if key not in _SHIFTS:
+        _SHIFTS[key] = torch.tensor(values, dtype=torch.uint8, device=device)
+    return _SHIFTS[key]
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:

@@ -94,22 +94,25 @@ def dequantize(packed: torch.Tensor, shape: tuple[int, ...], mode: Mode, dtype: 
     absmax = packed[:split].view(torch.float32)
     codes = packed[split:]
     if mode.bits == 4:
-        state = bnbf.QuantState(absmax=absmax, shape=torch.Size(shape), code=bnbf.get_4bit_type("nf4", packed.device),
+        state = bnbf.QuantState(absmax=absmax, shape=torch.Size(shape), code=_code("nf4", packed.device),
                                 blocksize=mode.blocksize, quant_type="nf4", dtype=dtype)
         return bnbf.dequantize_4bit(codes, state)
-    state = bnbf.QuantState(absmax=absmax, code=_dynamic_map(packed.device), blocksize=mode.blocksize, dtype=dtype)
+    state = bnbf.QuantState(absmax=absmax, code=_code("dynamic", packed.device), blocksize=mode.blocksize, dtype=dtype)
     return bnbf.dequantize_blockwise(codes, state).reshape(shape)
 
 
-_MAPS: dict = {}
+_CODES: dict = {}
 
 
-def _dynamic_map(device) -> torch.Tensor:
-    """bitsandbytes' signed 8-bit dynamic code, the one quantize_blockwise uses by default."""
-    key = str(device)
-    if key not in _MAPS:
-        _MAPS[key] = _functional().create_dynamic_map(signed=True).to(device)
-    return _MAPS[key]
+def _code(kind: str, device) -> torch.Tensor:
+    """bitsandbytes' code table of `kind` on `device`, made once: NF4's, or the signed 8-bit dynamic one
+    quantize_blockwise uses by default (made from host values, each making would wait for the device)."""
+    key = (kind, str(device))
+    if key not in _CODES:
+        bnbf = _functional()
+        _CODES[key] = (bnbf.get_4bit_type("nf4", device) if kind == "nf4"
+                       else bnbf.create_dynamic_map(signed=True).to(device))
+    return _CODES[key]
 
 
 class QuantizedExperts:

@@ -6,7 +6,8 @@ model's own log p(token) there (the decoder's logits, before the schedule's temp
 `top` likeliest tokens. Under entropy_bound every step re-samples the accepted positions and renoises
 the rest, so that is the start of the token's last unbroken stretch on the canvas; a scheduler that
 keeps what it committed gives the step that first committed it. Only runs that ask build a capture:
-the loop, its tokens and its trace do not change.
+the loop, its tokens and its trace do not change. Every position's values are computed on the device
+(`rows`) and reach the host as bytes inside the step's one copy (`add`): a capture adds no wait.
 """
 
 from __future__ import annotations
@@ -46,25 +47,33 @@ class Capture:
         self.blocks: list[_Block] = []
 
     @torch.no_grad()
-    def add(self, block: int, logits, canvas, committed: np.ndarray) -> None:
-        """One step of `block`: `logits` (1, L, V) the decoder gave, `canvas` (1, L) after the step,
-        `committed` (L,) what is committed after it."""
-        ids = canvas[0].to("cpu").numpy().astype(np.int64)
+    def rows(self, logits, canvas) -> torch.Tensor:
+        """(1, n) uint8 on the canvas's device: for every position of `canvas` (1, L), the log p of its token
+        under `logits` (1, L, V) (the decoder's, before the schedule's temperature) and the `top` likeliest."""
+        parts = []
+        for lo in range(0, canvas.shape[-1], ROWS):
+            picked = logits[0, lo:lo + ROWS].float()
+            picked = picked - torch.logsumexp(picked, dim=-1, keepdim=True)
+            tokens = canvas[0, lo:lo + ROWS].to(picked.device).unsqueeze(-1)
+            row = [picked.gather(-1, tokens)]
+            if self.top:
+                values, top = picked.topk(min(self.top, picked.shape[-1]), dim=-1)
+                row += [values, top.to(torch.int32).view(torch.float32)]
+            parts.append(torch.cat(row, dim=-1))
+        return torch.cat(parts).to(canvas.device).view(torch.uint8).reshape(1, -1)
+
+    def add(self, block: int, ids: np.ndarray, committed: np.ndarray, rows: np.ndarray) -> None:
+        """One step of `block` on the host: the canvas's `ids` (L,), what is committed after it (L,), and
+        `rows`, the bytes `rows` made; a position is read where its token or its commitment is new."""
+        values = rows.view(np.float32).reshape(len(ids), 1 + 2 * self.top)
         while len(self.blocks) <= block:
             self.blocks.append(_Block(len(ids), self.top))
         kept = self.blocks[block]
         where = np.flatnonzero((ids != kept.ids) | (committed & ~kept.committed))
-        for lo in range(0, len(where), ROWS):
-            rows = torch.as_tensor(where[lo:lo + ROWS], device=logits.device)
-            picked = logits[0, rows].float()
-            picked = picked - torch.logsumexp(picked, dim=-1, keepdim=True)
-            tokens = canvas[0, rows].to(logits.device).unsqueeze(-1)
-            at = where[lo:lo + ROWS]
-            kept.values[at] = picked.gather(-1, tokens).squeeze(-1).cpu().numpy()
-            if self.top:
-                values, top = picked.topk(min(self.top, picked.shape[-1]), dim=-1)
-                kept.top_values[at], kept.top_ids[at] = values.cpu().numpy(), top.cpu().numpy()
-        kept.ids, kept.committed = ids, np.array(committed, bool)
+        kept.values[where] = values[where, 0]
+        kept.top_values[where] = values[where, 1:1 + self.top]
+        kept.top_ids[where] = values[where, 1 + self.top:].view(np.int32)
+        kept.ids, kept.committed = ids.astype(np.int64), np.array(committed, bool)
 
     def result(self) -> Logprobs:
         if not self.blocks:
