@@ -17,6 +17,7 @@ from ..dgemma.inputs.tokens import check_text
 from ..dgemma.inputs.vision import check_image_tensor
 from ..dgemma.readouts.wire import EXTENSION, FRAME, WireError, obj, result_parts, row_frame, step_row
 from ..dgemma.readouts.wire import text as text_field
+from .access import summary
 from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteContext, RemoteResume
@@ -139,7 +140,7 @@ class PackBackend(RemoteBackend):
 
     def _stopped(self, err, steps: int) -> Exception:
         """The error a server ended its stream with: a field's refusal, or a failure after some steps."""
-        message = self.remote.redact(err.get("message") if isinstance(err, dict) else err)
+        message = summary(err.get("message") if isinstance(err, dict) else err, self.remote.token)
         param = err.get("param") if isinstance(err, dict) else None
         if isinstance(param, str) and 0 < len(param) <= 64:
             return InputError(param, message)

@@ -23,6 +23,7 @@ from ..dgemma.inputs.vision import check_image_tensor
 from ..dgemma.payloads import CanvasState, RunConfig
 from ..dgemma.readouts.readings import Readings
 from ..dgemma.readouts.wire import CANVAS_RUN, FRAME, MAX_LEN, STEPS_RUN, TIMINGS, VLLM_ARGS, VLLM_MAX_STEPS
+from .access import summary
 from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteModel
@@ -197,7 +198,7 @@ class FramesBackend(TextBackend):
             new = stream.take(chunk)
             if new.startswith(ERROR_MARKS):  # the shim's in-band error channel: never an answer
                 raise RemoteError(f"the diffusion_frame engine at {self.remote.url} answered with an error: "
-                                  f"{new.strip()[:300]}")
+                                  f"{summary(new, self.remote.token)}")
             return
         total = whole(chunk.get("total"), "a frame's total", 1, STEPS_MAX, self.remote.url)
         if stream.budget is not None and total != stream.budget:
