@@ -175,9 +175,10 @@ def max_batch_of(inputs: dict) -> int | None:
         raise InputError("max_batch", f"max_batch is a list of {len(value)} different values ({short(value)}); it "
                                       "sets the whole node's batches, so wire one INT")
     value = value[0] if isinstance(value, list) and value else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got "
-                                      f"{short(value)}; wire an INT of 0 or more")
+    most = MAX_BATCH[1]["max"]  # a linked INT skips ComfyUI's widget range check: the same range here
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise InputError("max_batch", f"max_batch must be a whole number of items from 0 (automatic) to {most}, "
+                                      f"got {short(value)}; wire an INT in that range")
     return value or None
 
 
