@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dgemma.inputs.tokens import string_table
+from ..dgemma.paths import scrub
 from ..dgemma.readouts.caption import Caption
 from ..dgemma.readouts.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, step_row_states
 
@@ -124,7 +125,7 @@ class StepStream:
         """The end of a run that raised: interrupted by the user, or an error with its message."""
         interrupted = "Interrupt" in type(error).__name__ or type(error).__name__ == "Cancelled"
         return {"node": self.node, "status": "interrupted" if interrupted else "error",
-                "message": str(error)[:MAX_TEXT], "steps_used": self.count}
+                "message": scrub(error)[:MAX_TEXT], "steps_used": self.count}
 
 
 def warned(warnings) -> str:

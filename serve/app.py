@@ -16,6 +16,7 @@ import uuid
 from aiohttp import web
 
 from ..dgemma.errors import Cancelled, InputError
+from ..dgemma.paths import scrub
 from ..dgemma.readouts.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
 from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
@@ -36,8 +37,8 @@ def clip(text: str) -> str:
 
 
 def error(status: int, message: str, param: str | None = None, headers=None, code=None) -> web.Response:
-    body = {"error": {"message": clip(message), "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": param, "code": code or status}}
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": clip(scrub(message)), "type": kind, "param": param, "code": code or status}}
     return web.json_response(body, status=status, headers=headers)
 
 

@@ -100,14 +100,14 @@ def check_vision(name: str, dm) -> None:
     """Refuse an image before work when the model cannot read one."""
     encoder = dm.model.model.encoder
     if getattr(encoder, "vision_tower", None) is None or getattr(dm.model.config, "vision_config", None) is None:
-        raise InputError(name, f"model {dm.source!r} has no vision tower, so it cannot read an {name}; unwire "
+        raise InputError(name, f"model {dm.shown!r} has no vision tower, so it cannot read an {name}; unwire "
                                f"{name} or load a checkpoint with vision")
     if dm.image_processor is None:
-        raise InputError(name, f"model {dm.source!r} ships no image processor (preprocessor_config.json), so an "
+        raise InputError(name, f"model {dm.shown!r} ships no image processor (preprocessor_config.json), so an "
                                f"{name} cannot be prepared for it; unwire {name}, or add the checkpoint's "
                                "processor files (the real Gemma4Processor also needs torchvision)")
     if image_token_ids(dm) is None:
-        raise InputError(name, f"the tokenizer of {dm.source!r} has no image tokens (<|image>, <|image|>, "
+        raise InputError(name, f"the tokenizer of {dm.shown!r} has no image tokens (<|image>, <|image|>, "
                                f"<image|>); unwire {name} or load a checkpoint with vision")
 
 
