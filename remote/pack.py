@@ -150,7 +150,7 @@ class PackBackend(RemoteBackend):
         strings = model.token_strings
         state, trace, config, recorded = result_parts(final, rows, model.canvas_length, strings, len(strings))
         check_echo(config, state, asked)
-        check_ids(state, rows, strings, asked.constraint)
+        check_ids(state, rows, strings, asked.constraint, model.decoding)
         handle, made = text_field(final, "resume", 128, none=True), obj(final, "context", none=True)
         if handle is not None and asked.advanced is None:
             raise WireError("resume", "null for a run without a window", handle)

@@ -16,6 +16,7 @@ import uuid
 from aiohttp import web
 
 from ..dgemma.errors import Cancelled, InputError
+from ..dgemma.inputs.tokens import decoding_table
 from ..dgemma.paths import scrub
 from ..dgemma.readouts.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
 from .answers import answer_of, usage
@@ -125,7 +126,9 @@ async def models(request):
 
 
 async def tokens(request):
-    return web.json_response({"token_strings": list(request.app[ENGINE].dm.token_strings)})
+    dm = request.app[ENGINE].dm
+    return web.json_response({"token_strings": list(dm.token_strings),
+                              "decoding": decoding_table(dm.tokenizer, len(dm.token_strings))})
 
 
 def busy(engine) -> web.Response:
