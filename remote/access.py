@@ -8,6 +8,7 @@ in the ComfyUI process's environment, never by a workflow input.
 from __future__ import annotations
 
 import base64
+import functools
 import ipaddress
 import json
 import os
@@ -90,7 +91,8 @@ def checked_url(url: str, token: str = "", token_env: str = ""):
     return parts
 
 
-def encodings(token: str) -> set[str]:
+@functools.lru_cache(maxsize=8)  # every line of a stream is filtered: the forms are made once per token
+def encodings(token: str) -> frozenset[str]:
     """The token as a server could echo it: raw, JSON-escaped, URL-encoded, hex, and base64 (alone, and
     the part that stays the same whatever precedes it, as in a Basic or Bearer header encoded whole)."""
     raw = token.encode()
@@ -101,7 +103,7 @@ def encodings(token: str) -> set[str]:
         forms.add(coded[(0, 2, 3)[lead]:4 * ((lead + len(raw)) // 3)])
     for form in list(forms):
         forms.add(form.replace("+", "-").replace("/", "_"))  # urlsafe base64
-    return {f for f in forms if f}
+    return frozenset(f for f in forms if f)
 
 
 def hide(text: str, token: str) -> str:
