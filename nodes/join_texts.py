@@ -34,6 +34,8 @@ def join_texts(texts: list, form: str = FORMATS[0], separator: str = SEPARATOR) 
                                      "output (a sampler's text or frames)")
     # Counted before building: 10,000 items with a long separator would otherwise build gigabytes.
     size = sum(len(t) for t in texts) + (len(separator) if form == "separator" else 8) * len(texts)
+    if form == "json" and size <= MAX_JOINED:  # escapes may make an item up to six times as long
+        size = sum(len(json.dumps(t, ensure_ascii=False)) + 3 for t in texts)
     if size > MAX_JOINED:
         raise InputError("text", f"the joined text would be about {size} characters, over the limit of {MAX_JOINED}; "
                                  "join fewer or shorter texts, or a shorter separator")

@@ -75,3 +75,10 @@ def test_a_prompt_list_is_bounded_in_characters_before_it_is_split():
 def test_a_linked_max_batch_is_range_checked_at_run_time(demo_model, no_model_work, value):
     with pytest.raises(InputError, match="max_batch must be a whole number of items from 0 .automatic. to 256"):
         call(NODES["DGemmaSampler"], model=demo_model, prompt="What is 3+4?", **KNOB_VALUES, max_batch=value)
+
+
+def test_a_json_join_counts_its_escapes_before_building():
+    join = NODES["DGemmaJoinTexts"]().join
+    with pytest.raises(InputError, match=f"over the limit of {MAX_JOINED}"):
+        join(["\0" * 2**20] * 4, ["json"], ["\\n"])  # 4 Mi characters, 24 Mi once escaped
+    assert join(["a", "b"], ["json"], ["\\n"]) == ('[\n "a",\n "b"\n]',)
