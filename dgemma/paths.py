@@ -11,7 +11,7 @@ from pathlib import Path
 
 _ROOTS: dict[str, str] = {}  # absolute folder -> the label shown in its place ("" for none)
 # An absolute path of two or more parts (POSIX or Windows), not the path part of a URL (after a host).
-_ABSOLUTE = re.compile(r"(?<![\w.:/\\~-])(?:/|[A-Za-z]:[\\/])(?:[^\s'\"/\\<>|]+[/\\])+[^\s'\"/\\<>|,;)]*")
+_ABSOLUTE = re.compile(r"(?<![\w.:/\\~#-])(?:/|[A-Za-z]:[\\/])(?:[^\s'\"/\\<>|]+[/\\])+[^\s'\"/\\<>|,;)]*")
 
 _SERVER_PATHS = ("/v1/", "/health", "/api/")  # an HTTP server's paths, named in messages: no disk layout
 
@@ -49,7 +49,14 @@ def _name(text: str) -> str:
     return re.split(r"[\\/]", text.rstrip("/\\"))[-1] or text
 
 
+def _on_disk(path: str) -> bool:
+    """Whether `path` is a path of this machine: a Windows one, or one whose first folder exists (a JSON
+    pointer such as /$defs/a, or a server's /v1/models, is not)."""
+    if not path.startswith("/"):
+        return True
+    return not path.startswith(_SERVER_PATHS) and os.path.isdir("/" + path[1:].split("/", 1)[0])
+
+
 def scrub(text) -> str:
-    """`text` with every absolute path in it shown as `shown_path` shows it."""
-    return _ABSOLUTE.sub(lambda m: m.group(0) if m.group(0).startswith(_SERVER_PATHS) else shown_path(m.group(0)),
-                         str(text))
+    """`text` with every absolute path of this machine in it shown as `shown_path` shows it."""
+    return _ABSOLUTE.sub(lambda m: shown_path(m.group(0)) if _on_disk(m.group(0)) else m.group(0), str(text))

@@ -76,8 +76,7 @@ def server():
     ({"structured_outputs": {"regex": "sev\0en"}}, "NUL character"),
     ({"guided_choice": ["seven", "ei\0ght"]}, "NUL character"),
     ({"messages": [*USER, {"role": "assistant", "content": "The answer is"}]},
-     "messages[1] is an assistant message at the end"),
-    ({"messages": [*USER, {"role": "system", "content": "Be brief."}]}, "messages[1] is a system message at the end")])
+     "messages[1] is an assistant message at the end")])
 def test_server_constraint_and_message_edges_are_refused_by_name(server, body, says):
     status, answer, _ = ask(server, "POST", CHAT, {"messages": USER, **body})
     error = answer["error"]
