@@ -31,6 +31,7 @@ from .schema import (
     naming_item,
     on_demand,
     output_spec,
+    validate_constraints,
     validate_knobs,
 )
 from .wiring import made
@@ -307,6 +308,13 @@ class DGemmaDenoise(DGemmaSampler):
         spec["optional"] = {"kv_cache": context_input(), "image": image_input(), **constraint_inputs(),
                             "max_batch": MAX_BATCH}
         return spec
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, t_min=None, t_max=None, entropy_bound=None, constraint_type=None, constraint=None):
+        """The Sampler's queue-time checks, and the constraint's (JSON, regex, NUL, $ref) before any model loads."""
+        said = validate_constraints(constraint_type, constraint)
+        return said if said is not True else validate_knobs({"t_min": t_min, "t_max": t_max,
+                                                             "entropy_bound": entropy_bound})
 
     def denoise(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)

@@ -82,3 +82,17 @@ def test_a_json_join_counts_its_escapes_before_building():
     with pytest.raises(InputError, match=f"over the limit of {MAX_JOINED}"):
         join(["\0" * 2**20] * 4, ["json"], ["\\n"])  # 4 Mi characters, 24 Mi once escaped
     assert join(["a", "b"], ["json"], ["\\n"]) == ('[\n "a",\n "b"\n]',)
+
+
+@pytest.mark.parametrize("node", ["DGemmaDenoise", "DGemmaSamplerAdvanced"])
+@pytest.mark.parametrize("kind,text,says", [
+    ("json_schema", "{not json", "not valid JSON"), ("regex", "a\0b", "NUL character"),
+    ("json_schema", '{"$ref": "#"}', "is recursive"), ("choice", " \n ", "choice list is empty"),
+    ("grammar", "x", "constraint_type must be one of")])
+def test_a_constraint_widget_is_refused_when_queued(node, kind, text, says):
+    check = NODES[node].VALIDATE_INPUTS
+    said = check(constraint_type=[kind], constraint=[text])
+    assert said is not True and says in said, said
+    assert check(constraint_type=["regex"], constraint=["seven|eight"]) is True
+    assert check(constraint_type=["regex"], constraint=(None,)) is True  # linked: checked when the node runs
+    assert check(constraint_type=(None,), constraint=["{not json"]) is True
