@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import reprlib
 
+from .paths import scrub
+
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
 MAX_MESSAGE = 1000  # characters: a refusal is read by a person, and a value echoed in it is cut to fit
@@ -15,6 +17,7 @@ class InputError(ValueError):
     (each message cuts the values it quotes; this is the backstop)."""
 
     def __init__(self, name: str, message: str):
+        message = scrub(message)  # a refusal is shown to anyone the workflow or server is shared with
         if len(message) > MAX_MESSAGE:
             message = message[:MAX_MESSAGE - 8] + "… (cut)"
         super().__init__(message)

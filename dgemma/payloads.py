@@ -7,6 +7,7 @@ from functools import cached_property
 
 from .errors import InputError
 from .inputs.knobs import Knobs
+from .paths import shown_path
 from .readings import knob_not_sent
 
 
@@ -29,7 +30,12 @@ class DGemmaModel:
 
     def __repr__(self) -> str:
         """A line, never the network's printout: ComfyUI puts str() of every input into its error report."""
-        return f"DGemmaModel({self.source!r}, quant {self.quant}, {self.device}, {self.dtype})"
+        return f"DGemmaModel({self.shown!r}, quant {self.quant}, {self.device}, {self.dtype})"
+
+    @property
+    def shown(self) -> str:
+        """The source as anyone is shown it: a hub id, or the folder relative to a known one (never absolute)."""
+        return shown_path(self.source)
 
     @property
     def canvas_length(self) -> int:
@@ -58,7 +64,7 @@ class DGemmaModel:
         return tokenizer_fingerprint(self.tokenizer)
 
     def describe(self) -> dict:
-        return {"model_source": self.source, "quant": self.quant, "device": self.device, "dtype": self.dtype}
+        return {"model_source": self.shown, "quant": self.quant, "device": self.device, "dtype": self.dtype}
 
 
 def check_model(dm) -> None:

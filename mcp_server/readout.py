@@ -47,7 +47,7 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
     knobs["seed"] = inputs.seed(knobs["seed"])
     scheduling = {"name": pick("scheduler"), **{name: pick(name) for name in SCHEDULER_KNOBS}}
     prompt = v["prompt"] if raw.get("prompt") is not None or resume is None else resume.prompt
-    constraint = Constraint(v["constraint_type"], constraint_text(v["constraint"]))
+    constraint = Constraint(v["constraint_type"], constraint_text(v["constraint"], v["constraint_type"]))
     prompts = tuple(v["prompts"] or ())
     if prompts and (resume is not None or raw.get("prompt")):
         raise InputError("prompts", "prompts cannot be given with prompt or resume: a batch answers its own list "
@@ -57,8 +57,12 @@ def request(engine, v: dict, raw: dict, picture) -> Request:
                    prompts)
 
 
-def constraint_text(rule) -> str:
-    """The constraint as text: the SDK hands a JSON Schema over as an object."""
+def constraint_text(rule, kind: str = "json_schema") -> str:
+    """The constraint as text: the SDK hands a JSON Schema over as an object; only a schema may be one."""
+    if isinstance(rule, dict) and kind != "json_schema":
+        raise InputError("constraint", f"constraint is an object, but constraint_type is {str(kind)[:40]!r}, "
+                                       "which takes text (a regex, or one option per line for choice); give it as "
+                                       "text, or set constraint_type to json_schema")
     if not isinstance(rule, dict):
         return rule
     try:

@@ -21,6 +21,7 @@ from mcp_types import ToolAnnotations
 
 from ..dgemma.errors import InputError, short
 from ..dgemma.inputs.knobs import KnobSpec
+from ..dgemma.paths import scrub
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 JSON_INT_MAX = 2**53 - 1  # the largest integer every JSON client holds exactly
@@ -104,7 +105,8 @@ def check_size(name: str, value, schema: dict) -> None:
 
 
 def brief(message: str) -> str:
-    """A tool's error text, cut so that no value can flood the client."""
+    """A tool's error text, no absolute path in it, cut so that no value can flood the client."""
+    message = scrub(message)
     return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "… (cut)"
 
 

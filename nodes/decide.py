@@ -7,7 +7,14 @@ import json
 
 import torch
 
-from ..dgemma.denoising.decide import KNOB_NAMES, MAX_SAMPLES, options_from_text, prepare_decision, run_decision
+from ..dgemma.denoising.decide import (
+    KNOB_NAMES,
+    MAX_SAMPLES,
+    check_options,
+    options_from_text,
+    prepare_decision,
+    run_decision,
+)
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.knobs import KNOBS, Knobs
 from ..dgemma.inputs.tokens import frame_texts
@@ -25,6 +32,7 @@ from .schema import (
     knob_inputs,
     model_input,
     output_spec,
+    validate_knobs,
 )
 
 SCHEDULE = "Used by the answer block's denoising run, whose steps the trace reads. "
@@ -93,6 +101,18 @@ class DGemmaDecide:
             "optional": {"image": image_input(), "kv_cache": context_input()},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, options=None, t_min=None, t_max=None, entropy_bound=None):
+        """The options (empty, blank, repeated, too many, too long) and the knob rules ComfyUI cannot check,
+        when the graph is queued: before the Loader loads a model. Their length in tokens against the canvas
+        needs the tokenizer, so it is checked when the node runs, before any model work."""
+        if options is not None:
+            try:
+                check_options(options_from_text(options))
+            except InputError as err:
+                return str(err)
+        return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
 
     def decide(self, model, prompt, options, samples, image=None, kv_cache=None, unique_id=None, **knobs):
         missing = [name for name in DECIDE_KNOBS if name not in knobs]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ..dgemma.backend import backend_of
+from ..dgemma.errors import InputError
+from ..dgemma.inputs.tokens import check_text
 from . import host, memory
 from .schema import CATEGORY, KV_CACHE, comfy_hints, model_input
 
@@ -33,6 +35,16 @@ class DGemmaEncode:
                                                         "text, with no chat framing; text may then be empty."})},
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, text=None):
+        """The text's type and Unicode when the graph is queued; its length in tokens needs the model."""
+        try:
+            if text is not None:
+                check_text("text", text)
+        except InputError as err:
+            return str(err)
+        return True
 
     def encode(self, model, text, kv_cache=None, image=None, unique_id=None):
         with memory.running(model, unique_id), comfy_hints():

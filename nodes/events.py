@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dgemma.inputs.tokens import string_table
+from ..dgemma.paths import scrub
 from ..dgemma.readouts.caption import Caption
 from ..dgemma.readouts.states import NAMES, UNKNOWN, UNKNOWN_NAME, hex_palette, step_row_states
 
@@ -109,11 +110,11 @@ class StepStream:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
         return f"{Caption.live(frame, self.blocks, self.steps, self.readings).text()}\n{text}"
 
-    def done_text(self, steps_used: int | None, text: str, paused: bool = False) -> str:
+    def done_text(self, steps_used: int | None, text: str, paused: bool = False, warnings=()) -> str:
         if paused:  # the canvas is unfinished: its text is still mostly noise
             return f"paused after {steps_used} steps · canvas_state resumes it in an Advanced sampler"
         answer = text if len(text) <= MAX_PROGRESS_TEXT else text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return f"done · {'?' if steps_used is None else steps_used} steps\n{answer}"
+        return f"done · {'?' if steps_used is None else steps_used} steps{warned(warnings)}\n{answer}"
 
     def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
         """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""
@@ -124,7 +125,13 @@ class StepStream:
         """The end of a run that raised: interrupted by the user, or an error with its message."""
         interrupted = "Interrupt" in type(error).__name__ or type(error).__name__ == "Cancelled"
         return {"node": self.node, "status": "interrupted" if interrupted else "error",
-                "message": str(error)[:MAX_TEXT], "steps_used": self.count}
+                "message": scrub(error)[:MAX_TEXT], "steps_used": self.count}
+
+
+def warned(warnings) -> str:
+    """What qualifies the answer (a pin it never reached, say), on lines of their own; bounded."""
+    lines = "".join(f"\n⚠ {w}" for w in list(warnings)[:4])
+    return lines if len(lines) <= MAX_PROGRESS_TEXT else lines[:MAX_PROGRESS_TEXT - 1] + "…"
 
 
 class BatchStream:
@@ -178,12 +185,15 @@ class BatchStream:
 
     def done_text(self, results) -> str:
         if self.items == 1:
-            return self.streams[0].done_text(results[0].state.steps_used, results[0].text, results[0].state.paused)
+            state = results[0].state
+            return self.streams[0].done_text(state.steps_used, results[0].text, state.paused, state.warnings)
         texts = " | ".join(r.text.replace("\n", " ") for r in results)
         if len(texts) > MAX_PROGRESS_TEXT:
             texts = texts[:MAX_PROGRESS_TEXT - 1] + "…"
         steps = [r.state.steps_used for r in results]
-        return f"done · {self.items} items settled, {'?' if None in steps else sum(steps)} steps\n{texts}"
+        notes = [f"item {i + 1}: {w}" for i, r in enumerate(results) for w in r.state.warnings]
+        total = "?" if None in steps else sum(steps)
+        return f"done · {self.items} items settled, {total} steps{warned(notes)}\n{texts}"
 
     def done(self, results) -> dict:
         ends = [s.done(r.state.steps_used, r.text, r.state.paused) for s, r in zip(self.streams, results)]

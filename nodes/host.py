@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..dgemma.paths import add_root
+
 MODEL_FOLDER = "diffusiongemma"
 
 
@@ -151,9 +153,12 @@ def model_roots() -> list[Path]:
         named = os.environ.get("DGEMMA_MODELS_DIR")
         return [Path(named)] if named else []
     try:
-        return [Path(p) for p in folder_paths.get_folder_paths(MODEL_FOLDER)]
+        roots = [Path(p) for p in folder_paths.get_folder_paths(MODEL_FOLDER)]
     except KeyError:
         return []
+    for root in roots:  # a checkpoint is shown relative to its models folder, never by its absolute path
+        add_root(root, f"models/{MODEL_FOLDER}")
+    return roots
 
 
 def local_models() -> list[str]:
@@ -179,5 +184,8 @@ def resolve_local_model(name: str) -> Path | None:
 def output_dir() -> Path:
     folder_paths = comfy("folder_paths")
     if folder_paths is not None:
-        return Path(folder_paths.get_output_directory())
-    return Path(os.environ.get("DGEMMA_OUTPUT_DIR", "output")).resolve()
+        found = Path(folder_paths.get_output_directory())
+    else:
+        found = Path(os.environ.get("DGEMMA_OUTPUT_DIR", "output")).resolve()
+    add_root(found, "output")  # a file written there is shown as output/…
+    return found

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 from ..dgemma.errors import InputError
-from .schema import CATEGORY
+from .schema import CATEGORY, widget_values
 
 FORMATS = ("separator", "json", "numbered")
 SEPARATOR = "\\n\\n"
+MAX_ITEMS = 10_000        # texts one join takes: a sampler's longest list
+MAX_SEPARATOR = 1_000     # characters of the separator
+MAX_JOINED = 16 * 2**20   # characters of the joined text, counted before it is built
 
 
 def _one(values, default):
@@ -21,17 +24,34 @@ def join_texts(texts: list, form: str = FORMATS[0], separator: str = SEPARATOR) 
     """The texts as one: joined by `separator` (`\\n` is a newline), one JSON list, or numbered lines."""
     if not isinstance(form, str) or form not in FORMATS:
         raise InputError("format", f"format must be one of {', '.join(FORMATS)}, got {str(form)[:40]!r}")
-    if not isinstance(separator, str):
-        raise InputError("separator", f"separator must be text, got {type(separator).__name__}")
+    check_separator(separator)
+    if len(texts) > MAX_ITEMS:
+        raise InputError("text", f"text is a list of {len(texts)} items, over the {MAX_ITEMS} one join takes; "
+                                 "join fewer")
     for index, text in enumerate(texts):
         if not isinstance(text, str):
             raise InputError("text", f"list item {index} is a {type(text).__name__}, not text; wire a STRING "
                                      "output (a sampler's text or frames)")
+    # Counted before building: 10,000 items with a long separator would otherwise build gigabytes.
+    size = sum(len(t) for t in texts) + (len(separator) if form == "separator" else 8) * len(texts)
+    if form == "json" and size <= MAX_JOINED:  # escapes may make an item up to six times as long
+        size = sum(len(json.dumps(t, ensure_ascii=False)) + 3 for t in texts)
+    if size > MAX_JOINED:
+        raise InputError("text", f"the joined text would be about {size} characters, over the limit of {MAX_JOINED}; "
+                                 "join fewer or shorter texts, or a shorter separator")
     if form == "json":
         return json.dumps(texts, ensure_ascii=False, indent=1)
     if form == "numbered":
         return "\n".join(f"{i + 1}. {' '.join(t.splitlines())}" for i, t in enumerate(texts))
     return separator.replace("\\n", "\n").join(texts)
+
+
+def check_separator(separator) -> None:
+    if not isinstance(separator, str):
+        raise InputError("separator", f"separator must be text, got {type(separator).__name__}")
+    if len(separator) > MAX_SEPARATOR:
+        raise InputError("separator", f"separator is {len(separator)} characters, over the limit of "
+                                      f"{MAX_SEPARATOR}; shorten it")
 
 
 class DGemmaJoinTexts:
@@ -55,6 +75,18 @@ class DGemmaJoinTexts:
             "separator": ("STRING", {"default": SEPARATOR, "tooltip": "Between two texts when format is "
                                      "separator; \\n is a newline."}),
         }}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, format=None, separator=None):
+        """The separator and format, when the graph is queued; linked ones are checked when the node runs."""
+        try:
+            for value in widget_values(separator):
+                if value is not None:
+                    check_separator(value)
+        except InputError as err:
+            return str(err)
+        forms = [f for f in widget_values(format) if f is not None and f not in FORMATS]
+        return f"format must be one of {', '.join(FORMATS)}, got {str(forms[0])[:40]!r}" if forms else True
 
     def join(self, text, format=None, separator=None):
         texts = text if isinstance(text, list) else [text]

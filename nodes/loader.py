@@ -6,10 +6,11 @@ import logging
 from contextlib import contextmanager
 
 from ..dgemma.demo import DEMO_DIR, DEMO_NAME, demo_available
-from ..dgemma.errors import short
+from ..dgemma.errors import InputError, short
 from ..dgemma.loading.load import DEFAULT_HUB_ID, load_model
 from ..dgemma.loading.load_options import DEVICES, DTYPES, LOAD_OPTIONS
 from ..dgemma.loading.quant import QUANTS
+from ..dgemma.paths import scrub
 from . import host, memory
 from .schema import CATEGORY, MODEL
 
@@ -90,6 +91,14 @@ class DGemmaLoader:
         }
 
     def load(self, quant, model=None, device="auto", dtype="auto", local_files_only=False, after_run="keep"):
+        try:
+            return self._load(quant, model, device, dtype, local_files_only, after_run)
+        except ValueError as err:  # the engine names the folder it read: shown without the disk's layout
+            if isinstance(err, InputError) or scrub(err) == str(err):
+                raise
+            raise ValueError(scrub(err)) from None
+
+    def _load(self, quant, model, device, dtype, local_files_only, after_run):
         check_inputs(quant, model, device, dtype, local_files_only, after_run)
         source = resolve_choice(model or model_choices()[0])
         host.check_interrupt()

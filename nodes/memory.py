@@ -79,7 +79,7 @@ def model_ready(dm) -> None:
     if held.unloaded:
         fresh = held.reload()
         if fresh.identity != dm.identity:
-            raise InputError("model", f"the checkpoint at {dm.source!r} changed on disk since it was loaded "
+            raise InputError("model", f"the checkpoint at {dm.shown!r} changed on disk since it was loaded "
                                       f"({dm.identity} then, {fresh.identity} now), so its unloaded weights are not "
                                       "read back from it; load it again with DGemmaLoader (in ComfyUI: Free model "
                                       "and node cache, then queue)")

@@ -5,11 +5,16 @@ from __future__ import annotations
 from ..dgemma.errors import InputError
 from .schema import CATEGORY, MAX_LIST
 
+MAX_CHARS = 4 * 2**20  # characters of the whole list: 10,000 prompts of a few hundred characters
+
 
 def split_prompts(text: str) -> list[str]:
     """The non-empty lines of `text`, each a prompt (`\\n` inside a line is a newline of that prompt)."""
     if not isinstance(text, str):
         raise InputError("prompts", f"prompts must be text, got {type(text).__name__}")
+    if len(text) > MAX_CHARS:  # bounded before it is split
+        raise InputError("prompts", f"prompts is {len(text)} characters, over the limit of {MAX_CHARS}; split the "
+                                    "list")
     prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]
     if not prompts:
         raise InputError("prompts", "prompts is empty; type one prompt per line")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..dgemma.errors import short
+from ..dgemma.errors import InputError, short
+from ..remote.access import checked_url, token_of
 from ..remote.connect import connect
 from ..remote.dialects import carried
 from . import host
@@ -36,6 +37,20 @@ class DGemmaRemoteLoader:
             "optional": {"token_env": ("STRING", {"default": "", "tooltip": TOKEN_TOOLTIP}),
                          "model_id": ("STRING", {"default": "", "tooltip": MODEL_TOOLTIP})},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, url=None, token_env=None):
+        """The URL's shape and the token's variable, when the graph is queued: no traffic, no secret shown."""
+        try:
+            if isinstance(token_env, str) and (url is None or isinstance(url, str)):
+                token = token_of(token_env.strip())
+                if url is not None:
+                    checked_url(url.strip().rstrip("/"), token, token_env.strip())
+            elif isinstance(url, str):
+                checked_url(url.strip().rstrip("/"))
+        except InputError as err:
+            return str(err)
+        return True
 
     @classmethod
     def IS_CHANGED(cls, url, token_env="", model_id=""):

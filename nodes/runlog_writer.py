@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..dgemma.paths import shown_path
 from ..dgemma.readouts.outfiles import target_folder
 from ..dgemma.readouts.runlog import records, write_jsonl
 from . import host
@@ -49,4 +50,4 @@ class DGemmaRunLogWriter:
         with comfy_hints():
             rows = records(canvas_trace[0], run_config[0], canvas_state[0], list(frames))
         path = str(write_jsonl(rows, host.output_dir(), filename_prefix[0]))
-        return {"ui": {"text": [path]}, "result": (path,)}
+        return {"ui": {"text": [shown_path(path)]}, "result": (path,)}

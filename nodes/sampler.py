@@ -31,6 +31,7 @@ from .schema import (
     naming_item,
     on_demand,
     output_spec,
+    validate_constraints,
     validate_knobs,
 )
 from .wiring import made
@@ -175,9 +176,10 @@ def max_batch_of(inputs: dict) -> int | None:
         raise InputError("max_batch", f"max_batch is a list of {len(value)} different values ({short(value)}); it "
                                       "sets the whole node's batches, so wire one INT")
     value = value[0] if isinstance(value, list) and value else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError("max_batch", f"max_batch must be a whole number of items, 0 for automatic, got "
-                                      f"{short(value)}; wire an INT of 0 or more")
+    most = MAX_BATCH[1]["max"]  # a linked INT skips ComfyUI's widget range check: the same range here
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise InputError("max_batch", f"max_batch must be a whole number of items from 0 (automatic) to {most}, "
+                                      f"got {short(value)}; wire an INT in that range")
     return value or None
 
 
@@ -306,6 +308,13 @@ class DGemmaDenoise(DGemmaSampler):
         spec["optional"] = {"kv_cache": context_input(), "image": image_input(), **constraint_inputs(),
                             "max_batch": MAX_BATCH}
         return spec
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, t_min=None, t_max=None, entropy_bound=None, constraint_type=None, constraint=None):
+        """The Sampler's queue-time checks, and the constraint's (JSON, regex, NUL, $ref) before any model loads."""
+        said = validate_constraints(constraint_type, constraint)
+        return said if said is not True else validate_knobs({"t_min": t_min, "t_max": t_max,
+                                                             "entropy_bound": entropy_bound})
 
     def denoise(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)

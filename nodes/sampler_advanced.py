@@ -17,6 +17,7 @@ from .schema import (
     context_input,
     image_input,
     knob_inputs,
+    validate_constraints,
     validate_knobs,
     widget_values,
 )
@@ -75,7 +76,8 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         return spec
 
     @classmethod
-    def VALIDATE_INPUTS(cls, pins=None, t_min=None, t_max=None, entropy_bound=None):
+    def VALIDATE_INPUTS(cls, pins=None, t_min=None, t_max=None, entropy_bound=None, constraint_type=None,
+                        constraint=None):
         """The pins' shape and the knob rules ComfyUI cannot check, before any node of the prompt runs. ComfyUI
         keeps its own range and choice checks for every input not named here (the window is checked at run
         start); a linked input is checked when the node runs."""
@@ -85,7 +87,9 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
                     check_shape(text)
         except InputError as err:
             return str(err)
-        return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
+        said = validate_constraints(constraint_type, constraint)
+        return said if said is not True else validate_knobs({"t_min": t_min, "t_max": t_max,
+                                                             "entropy_bound": entropy_bound})
 
     def sample_advanced(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)

@@ -163,6 +163,27 @@ def constraint_inputs() -> dict:
             "constraint": ("STRING", {"multiline": True, "default": "", "tooltip": CONSTRAINT_TOOLTIP})}
 
 
+def validate_constraints(kinds, texts):
+    """The constraint widgets' checks that need no model (a kind, JSON, a regex, NUL, $ref), when the graph is
+    queued; True, or the refusal's text. A linked text (or kind) is checked when the node runs."""
+    from ..dgemma.constraints.constraint import KINDS
+
+    kinds, texts = widget_values(kinds), widget_values(texts)
+    count = max(len(kinds), len(texts))
+    try:
+        for index in range(count):
+            kind, text = kinds[min(index, len(kinds) - 1)], texts[min(index, len(texts) - 1)]
+            with naming_item(index, count):
+                if kind is not None and text is not None:
+                    constraint_of(kind, text)
+                elif kind is not None and kind not in KINDS:
+                    raise InputError("constraint_type", f"constraint_type must be one of {', '.join(KINDS)}, "
+                                                        f"got {str(kind)[:40]!r}")
+    except InputError as err:
+        return str(err)
+    return True
+
+
 def constraint_of(kind, text):
     """The engine's Constraint from the two widgets (None when the text is empty), refused with the reason."""
     from ..dgemma.constraints.constraint import Constraint

@@ -7,11 +7,13 @@ in the ComfyUI process's environment, never by a workflow input.
 
 from __future__ import annotations
 
+import base64
+import functools
 import ipaddress
 import json
 import os
 import re
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ..dgemma.errors import InputError, short
 
@@ -22,6 +24,10 @@ MIN_TOKEN = 8  # shorter tokens are guessable, and could not be told apart from 
 HIDDEN = "[redacted]"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,15}://)[^/?#\s@]*@")
+_URL_TAIL = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,15}://[^\s?#]*)[?#][^\s'\"]*")
+_WORD = re.compile(r"[A-Za-z0-9+/=_\-.~%]+")
+WINDOW = 6  # a run of this many characters of the token, in any encoding, is hidden with the word holding it
+SUMMARY = 200  # characters of a server's error message that may be shown
 TOKEN_RULE = (f"token_env may name a variable starting with {PREFIX}, or one listed (comma-separated) in "
               f"{TOKEN_VARS} in ComfyUI's environment")
 
@@ -73,6 +79,10 @@ def checked_url(url: str, token: str = "", token_env: str = ""):
     if "@" in parts.netloc:
         raise InputError("url", f"url {short(redact(url))} carries credentials (user:password@); remove them, and "
                                 "put the server's bearer token in an environment variable named in token_env")
+    if "?" in url or "#" in url:  # a key in ?api_key= or #token= would be saved in the workflow and shown
+        raise InputError("url", f"url {short(redact(url))} carries a query string or fragment (?… or #…); give "
+                                "just http(s)://host:port[/path], and put a credential in an environment variable "
+                                "named in token_env")
     if token and parts.scheme == "http" and not is_loopback(parts.hostname) and os.environ.get(ALLOW_HTTP) != "1":
         raise InputError("url", f"url {short(url)} is plain http to another machine, and the token in {token_env} "
                                 f"would cross the network readable; use https://, or set {ALLOW_HTTP}=1 in "
@@ -80,17 +90,54 @@ def checked_url(url: str, token: str = "", token_env: str = ""):
     return parts
 
 
+@functools.lru_cache(maxsize=8)  # every line of a stream is filtered: the forms are made once per token
+def encodings(token: str) -> frozenset[str]:
+    """The token as a server could echo it: raw, JSON-escaped, URL-encoded, hex, and base64 (alone, and
+    the part that stays the same whatever precedes it, as in a Basic or Bearer header encoded whole)."""
+    raw = token.encode()
+    forms = {token, json.dumps(token)[1:-1], quote(token, safe=""), raw.hex()}
+    forms.add(base64.b64encode(raw).decode().rstrip("="))
+    for lead in range(3):  # only the characters of whole 3-byte groups that hold the token's bytes alone
+        coded = base64.b64encode(b"\0" * lead + raw).decode()
+        forms.add(coded[(0, 2, 3)[lead]:4 * ((lead + len(raw)) // 3)])
+    for form in list(forms):
+        forms.add(form.replace("+", "-").replace("/", "_"))  # urlsafe base64
+    return frozenset(f for f in forms if f)
+
+
 def hide(text: str, token: str) -> str:
-    """`text` with the token (as written, and as JSON escapes it) replaced."""
+    """`text` with the token, in each of its encodings, replaced."""
     if not token:
         return text
-    for form in {token, json.dumps(token)[1:-1]}:
+    for form in sorted(encodings(token), key=len, reverse=True):
         text = text.replace(form, HIDDEN)
     return text
 
 
+def hide_parts(text: str, token: str) -> str:
+    """`text` with every word that holds WINDOW characters of the token, in any encoding, replaced:
+    an error message must not leak part of a token either."""
+    if not token:
+        return text
+    windows = {f[i:i + WINDOW] for f in encodings(token) for i in range(max(1, len(f) - WINDOW + 1))}
+    size = min(len(w) for w in windows)
+    return hide(_WORD.sub(lambda m: HIDDEN if any(m[0][i:i + size] in windows for i in range(len(m[0]) - size + 1))
+                          else m[0], text), token)
+
+
+def shown_url(text: str) -> str:
+    """`text` with every URL's credentials, query string and fragment taken out."""
+    return _URL_TAIL.sub(r"\1", _USERINFO.sub(r"\1", str(text)))
+
+
 def redact(text, token: str = "", limit: int = 600) -> str:
-    """The one filter for every URL or server text that becomes a message: URL credentials stripped,
-    the token hidden, cut to `limit` characters."""
-    text = hide(_USERINFO.sub(r"\1", str(text)), token)
+    """The one filter for every URL or server text that becomes a message: URL credentials, query and
+    fragment stripped, the token (and any part of it, in any encoding) hidden, cut to `limit` characters."""
+    text = hide_parts(shown_url(text), token)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def summary(text: str, token: str) -> str:
+    """A bounded, one-line summary of a server's error text: printable characters only, token hidden."""
+    line = " ".join("".join(c if c.isprintable() else " " for c in str(text)[:4 * SUMMARY]).split())
+    return redact(line, token, SUMMARY)

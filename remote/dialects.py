@@ -83,8 +83,8 @@ def pack_model(remote: Remote, card: dict, should_cancel) -> RemoteModel:
     positions = integer(info, "max_positions", 1, MAX_POSITIONS, w)
     names = {n: remote.redact(text(info, n, NAME_LIMIT, w)) if n in info else d
              for n, d in (("model_source", ""), ("quant", "none"), ("device", "?"), ("dtype", "unknown"))}
-    strings = value(remote.call("GET", "/v1/dgemma/tokens", timeout=TOKENS_TIMEOUT, should_cancel=should_cancel),
-                    "token_strings", "/v1/dgemma/tokens ")
+    table = remote.call("GET", "/v1/dgemma/tokens", timeout=TOKENS_TIMEOUT, should_cancel=should_cancel)
+    strings = value(table, "token_strings", "/v1/dgemma/tokens ")
     if not isinstance(strings, list) or len(strings) != vocab:
         raise WireError("token_strings", f"a list of vocab_size = {vocab} texts",
                         len(strings) if isinstance(strings, list) else strings)
@@ -94,7 +94,29 @@ def pack_model(remote: Remote, card: dict, should_cancel) -> RemoteModel:
     return RemoteModel(url=remote.url, model_id=card["id"], dialect=PackBackend.dialect, canvas_length=canvas,
                        max_positions=positions, token_strings=tuple(strings), source=names["model_source"],
                        quant=names["quant"], device=f"remote {names['device']}", dtype=names["dtype"],
-                       vision=flag(info, "vision", w) if "vision" in info else False, backend=PackBackend(remote))
+                       vision=flag(info, "vision", w) if "vision" in info else False, backend=PackBackend(remote),
+                       decoding=decoding_of(table.get("decoding"), vocab))
+
+
+def decoding_of(found, vocab: int):
+    """The token table's decoding facts (byte tokens, ids decoding skips), checked; None when not sent."""
+    if found is None:
+        return None
+    bytes_, skipped = (found.get(k) if isinstance(found, dict) else None for k in ("bytes", "skipped"))
+    if not _ints(bytes_, 256, lambda p: isinstance(p, list) and len(p) == 2 and _int(p[0], vocab) and
+                 _int(p[1], 256)):
+        raise WireError("decoding.bytes", "at most 256 [id, byte] pairs", bytes_)
+    if not _ints(skipped, vocab, lambda i: _int(i, vocab)):
+        raise WireError("decoding.skipped", f"ids below vocab_size {vocab}", skipped)
+    return {int(i): int(b) for i, b in bytes_}, frozenset(skipped)
+
+
+def _ints(items, most: int, good) -> bool:
+    return isinstance(items, list) and len(items) <= most and all(good(x) for x in items)
+
+
+def _int(v, below: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < below
 
 
 def _pack_card(card: dict) -> int:

@@ -15,7 +15,7 @@ import queue
 import socket
 import threading
 
-from .access import checked_url, hide, redact
+from .access import checked_url, hide, redact, summary
 
 POLL = 0.02              # seconds between interrupt checks while waiting
 CONNECT_TIMEOUT = 10.0   # to open the connection
@@ -91,7 +91,7 @@ class Remote:
                 raise self.error(path, f"answered {response.status}, redirecting to {where}; give the final URL")
             if response.status >= 400:
                 text = self._read(conn, response, path, should_cancel, ERROR_LIMIT, cut=True)
-                raise _refusal(self.url + path, response.status, text)  # the token is hidden already
+                raise _refusal(self.url + path, response.status, text, self.token)
         except BaseException:
             _close(conn)
             raise
@@ -230,13 +230,14 @@ def _close(conn) -> None:
     conn.close()
 
 
-def _refusal(url: str, status: int, text: str) -> RemoteRefusal:
-    """The error answer's message (and the field it names), from an OpenAI-style error object or the text."""
+def _refusal(url: str, status: int, text: str, token: str) -> RemoteRefusal:
+    """The error answer's status and a summary of its message (and the field it names), from an
+    OpenAI-style error object or the text; never the body itself, which may echo the token encoded."""
     try:
         err = json.loads(text).get("error") or {}
         message = err.get("message") if isinstance(err, dict) else err
         param = err.get("param") if isinstance(err, dict) else None
     except (ValueError, AttributeError, RecursionError):
         message, param = None, None
-    message = redact(message if isinstance(message, str) and message else text.strip(), limit=500)
+    message = summary(message if isinstance(message, str) and message else text.strip(), token) or "(no message)"
     return RemoteRefusal(url, status, message, param if isinstance(param, str) and len(param) <= 64 else None)

@@ -26,6 +26,7 @@ class RemoteModel:
     dtype: str = "unknown"
     vision: bool = False
     backend: object = field(default=None, repr=False, compare=False)
+    decoding: object = field(default=None, repr=False, compare=False)  # (byte of id, skipped ids), or None
 
     def describe(self) -> dict:
         return {"model_source": self.source, "quant": self.quant, "device": self.device, "dtype": self.dtype}

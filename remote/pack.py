@@ -17,6 +17,7 @@ from ..dgemma.inputs.tokens import check_text
 from ..dgemma.inputs.vision import check_image_tensor
 from ..dgemma.readouts.wire import EXTENSION, FRAME, WireError, obj, result_parts, row_frame, step_row
 from ..dgemma.readouts.wire import text as text_field
+from .access import summary
 from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteContext, RemoteResume
@@ -114,18 +115,17 @@ class PackBackend(RemoteBackend):
                 if "error" in chunk:
                     raise self._stopped(chunk["error"], new)
                 if chunk.get("type") == FRAME:
-                    row = step_row(obj(chunk, EXTENSION), L, len(model.token_strings))
-                    check_step(row, rows[-1] if rows else None, asked)
-                    rows.append(row)
+                    rows.append(self._step(chunk, rows, asked, model))
                     new += 1
                     if on_frame is not None:
-                        on_frame(row_frame(row, L))
+                        on_frame(row_frame(rows[-1], L))
                 elif EXTENSION in chunk:
                     if final is not None:
                         raise WireError(EXTENSION, "one result per run", "a second one")
                     final = obj(chunk, EXTENSION)
             if final is None:
-                raise RemoteError(f"{self.remote.url} ended the stream without the run's result")
+                raise RemoteError(f"{self.remote.url} ended the stream without the run's result (its card says "
+                                  "this pack's server; if another engine now serves that port, load it again)")
             return self._result(model, asked, final, rows)
         except Interrupted:
             raise Cancelled(new) from None
@@ -134,12 +134,25 @@ class PackBackend(RemoteBackend):
         except WireError as err:
             raise self.bad(err) from None
 
+    def _step(self, chunk: dict, rows: list, asked: Asked, model):
+        """One step chunk as a checked row; a frame without this pack's object is another engine's."""
+        if EXTENSION not in chunk:
+            raise self._other_dialect(FRAME)
+        row = step_row(obj(chunk, EXTENSION), model.canvas_length, len(model.token_strings))
+        check_step(row, rows[-1] if rows else None, asked)
+        return row
+
+    def _other_dialect(self, what: str) -> RemoteError:
+        return RemoteError(f"{self.remote.url}'s card says {self.dialect} (this pack's server), but its stream "
+                           f"carries {what} {EXTENSION} frames; the run is refused: the card and the stream must "
+                           "come from one engine (check what serves that port, and load it again)")
+
     def bad(self, err: WireError) -> RemoteError:
         return RemoteError(self.remote.redact(f"{self.remote.url} sent a bad answer, refused: {err}"))
 
     def _stopped(self, err, steps: int) -> Exception:
         """The error a server ended its stream with: a field's refusal, or a failure after some steps."""
-        message = self.remote.redact(err.get("message") if isinstance(err, dict) else err)
+        message = summary(err.get("message") if isinstance(err, dict) else err, self.remote.token)
         param = err.get("param") if isinstance(err, dict) else None
         if isinstance(param, str) and 0 < len(param) <= 64:
             return InputError(param, message)
@@ -149,7 +162,7 @@ class PackBackend(RemoteBackend):
         strings = model.token_strings
         state, trace, config, recorded = result_parts(final, rows, model.canvas_length, strings, len(strings))
         check_echo(config, state, asked)
-        check_ids(state, rows, strings, asked.constraint)
+        check_ids(state, rows, strings, asked.constraint, model.decoding)
         handle, made = text_field(final, "resume", 128, none=True), obj(final, "context", none=True)
         if handle is not None and asked.advanced is None:
             raise WireError("resume", "null for a run without a window", handle)

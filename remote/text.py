@@ -22,7 +22,8 @@ from ..dgemma.inputs.knobs import num_blocks
 from ..dgemma.inputs.vision import check_image_tensor
 from ..dgemma.payloads import CanvasState, RunConfig
 from ..dgemma.readings import Readings
-from ..dgemma.readouts.wire import CANVAS_RUN, FRAME, MAX_LEN, STEPS_RUN, TIMINGS, VLLM_ARGS, VLLM_MAX_STEPS
+from ..dgemma.readouts.wire import CANVAS_RUN, EXTENSION, FRAME, MAX_LEN, STEPS_RUN, TIMINGS, VLLM_ARGS, VLLM_MAX_STEPS
+from .access import summary
 from .checked import Checked, RemoteBackend
 from .http import Interrupted, RemoteError, RemoteRefusal
 from .model import RemoteModel
@@ -125,6 +126,7 @@ class TextBackend(RemoteBackend):
         try:
             for chunk in self.remote.stream(CHAT, self.body(model, prompt, knobs, req.options["image"]),
                                             should_cancel):
+                self.agree(chunk)
                 self.take(stream, chunk)
         except Interrupted:
             raise Cancelled(len(stream.frames)) from None
@@ -134,6 +136,18 @@ class TextBackend(RemoteBackend):
 
     def most_blocks(self, knobs) -> int:
         raise NotImplementedError
+
+    def agree(self, chunk) -> None:
+        """A stream in another dialect than the card's would read as an empty answer: refused by name."""
+        other = None
+        if isinstance(chunk, dict) and EXTENSION in chunk:
+            other = "this pack's (dgemma)"
+        elif isinstance(chunk, dict) and chunk.get("type") == FRAME and self.dialect != FRAME:
+            other = FRAME
+        if other is not None:
+            raise RemoteError(f"{self.remote.url}'s card says {self.dialect}, but its stream carries {other} frames; "
+                              "the run is refused: the card and the stream must come from one engine (check what "
+                              "serves that port, and load it again)")
 
     def take(self, stream: TextStream, chunk: dict) -> None:
         raise NotImplementedError
@@ -197,7 +211,7 @@ class FramesBackend(TextBackend):
             new = stream.take(chunk)
             if new.startswith(ERROR_MARKS):  # the shim's in-band error channel: never an answer
                 raise RemoteError(f"the diffusion_frame engine at {self.remote.url} answered with an error: "
-                                  f"{new.strip()[:300]}")
+                                  f"{summary(new, self.remote.token)}")
             return
         total = whole(chunk.get("total"), "a frame's total", 1, STEPS_MAX, self.remote.url)
         if stream.budget is not None and total != stream.budget:
@@ -210,8 +224,11 @@ class FramesBackend(TextBackend):
         stream.frame(block, whole(chunk.get("step", 0), "a frame's step", 0, total - 1, self.remote.url), text)
 
     def finish(self, stream, trace):
+        said = "".join(stream.content)
+        if not stream.frames and not said and not stream.reasoning:  # llama.cpp wedged by an earlier refusal
+            raise RemoteError(f"{self.remote.url}: the engine returned an empty run; if it follows a refused "
+                              "request, restart the shim")
         if not stream.frames:
-            said = "".join(stream.content)
             raise RemoteError(f"{self.remote.url} sent a plain chat stream ({len(said)} characters of answer, no "
                               "diffusion_frame chunk): it is not a DiffusionGemma diffusion engine; serve the model "
                               "with Unsloth's shim, vLLM or this pack's server (python -m serve)")

@@ -18,6 +18,7 @@ import numpy as np
 from ..dgemma.inputs.knobs import num_blocks
 from ..dgemma.readouts.trace import Frame, Recorder
 from ..dgemma.readouts.wire import TIMINGS
+from .access import summary
 from .http import RemoteError
 
 PIECE = re.compile(r"<\|?[a-z_]{1,24}\|?>|\s?[^\s<]{1,7}|\s|<")  # markup whole; words in pieces the view shows
@@ -95,6 +96,9 @@ class TextStream:
         self.content, self.reasoning, self.chars = [], [], 0
         self.finish, self.usage, self.timings = None, {}, {}
 
+    def token(self) -> str:
+        return getattr(getattr(self.model.backend, "remote", None), "token", "")
+
     def frame_limit(self) -> int:
         """Frames a run may send: every step of every block, plus one per block of slack."""
         return self.blocks_max * ((self.budget or 1) + 1)
@@ -138,7 +142,7 @@ class TextStream:
         if not isinstance(chunk, dict):
             raise RemoteError(f"{self.url} sent a chunk that is not an object")
         if "error" in chunk:
-            raise RemoteError(f"{self.url} stopped the run: {str(chunk['error'])[:300]}")
+            raise RemoteError(f"{self.url} stopped the run: {summary(chunk['error'], self.token())}")
         self.usage = numbers(chunk.get("usage"), "usage", self.url) or self.usage
         self.timings = numbers(chunk.get(TIMINGS), TIMINGS, self.url) or self.timings
         new = ""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..dgemma.constraints.one_value import one_value
 from ..dgemma.inputs.knobs import num_blocks
-from ..dgemma.inputs.tokens import REPLACEMENT
+from ..dgemma.inputs.tokens import REPLACEMENT, decoded_as_tokenizer
 from ..dgemma.readouts.wire import WireError, integer, obj, short, text
 from .model import RemoteContext
 
@@ -91,7 +91,7 @@ def _check_window(record: dict, advanced) -> None:
                         record.get("resumed_from"))
 
 
-def check_ids(state, rows, strings, constraint=None) -> None:
+def check_ids(state, rows, strings, constraint=None, decoding=None) -> None:
     """raw_ids are the last canvas of each block, the answer's ids come from them, the text spells them."""
     last = [r.ids.tolist() for r, nxt in zip(rows, [*rows[1:], None]) if nxt is None or nxt.block != r.block]
     if list(state.raw_ids) != [i for canvas in last for i in canvas]:
@@ -100,9 +100,20 @@ def check_ids(state, rows, strings, constraint=None) -> None:
     if not all(any(i == j for j in left) for i in state.answer_ids):
         raise WireError("state.answer_ids", "ids taken in order from raw_ids", state.answer_ids)
     one = one_value(constraint) if constraint is not None and constraint.active else None
-    if not spells(one.written(state.text) if one is not None else state.text, state.answer_ids, strings):
+    said = one.written(state.text) if one is not None else state.text
+    if not reads_as(said, state.answer_ids, strings, decoding):
         shown = "".join(strings[i] for i in state.answer_ids)
         raise WireError("state.text", f"what its answer_ids spell ({short(shown)})", state.text)
+
+
+def reads_as(said: str, ids, strings, decoding=None) -> bool:
+    """Whether `said` is what `ids` decode to: with the server's `decoding` facts (byte tokens, skipped ids)
+    the ids are decoded exactly as the tokenizer decodes them, byte runs included; else `spells`."""
+    if decoding is not None:
+        exact = decoded_as_tokenizer(ids, strings, *decoding)
+        if " ".join(said.split()) == " ".join(exact.split()):
+            return True
+    return spells(said, ids, strings)
 
 
 def spells(said: str, ids, strings) -> bool:

@@ -17,6 +17,8 @@ from aiohttp import web
 
 from ..dgemma.denoising.decide import prepare_decision, run_decision
 from ..dgemma.errors import Cancelled, InputError
+from ..dgemma.inputs.tokens import decoding_table
+from ..dgemma.paths import scrub
 from ..dgemma.readouts.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
 from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
@@ -37,8 +39,8 @@ def clip(text: str) -> str:
 
 
 def error(status: int, message: str, param: str | None = None, headers=None, code=None) -> web.Response:
-    body = {"error": {"message": clip(message), "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": param, "code": code or status}}
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": clip(scrub(message)), "type": kind, "param": param, "code": code or status}}
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -125,7 +127,9 @@ async def models(request):
 
 
 async def tokens(request):
-    return web.json_response({"token_strings": list(request.app[ENGINE].dm.token_strings)})
+    dm = request.app[ENGINE].dm
+    return web.json_response({"token_strings": list(dm.token_strings),
+                              "decoding": decoding_table(dm.tokenizer, len(dm.token_strings))})
 
 
 def busy(engine) -> web.Response:

@@ -89,6 +89,11 @@ def turns_of(body: dict) -> Turns:
                                                  f"{MAX_PROMPT_CHARS}; shorten them")
     images = [part for _, parts in read for part in parts]
     _need(len(images) <= MAX_IMAGES, "image", f"{len(images)} images in one request, over the limit of {MAX_IMAGES}")
-    if len(read) == 1 and read[0][0].role == "user":
+    # A trailing assistant message (a prefill to continue) would be answered as a new turn, empty: refused.
+    _need(read[-1][0].role != "assistant", "messages", f"messages[{len(read) - 1}] is an assistant message at the "
+                                                       "end; continuing an assistant's text is not supported: end "
+                                                       "with the user's turn (to fix the answer's start, use "
+                                                       "dgemma.advanced.pins)")
+    if len(read) == 1:
         return Turns(read[0][0].text, images)
     return Turns(read[-1][0].text, images, tuple(m for m, _ in read))

@@ -18,6 +18,7 @@ JSON_OBJECT = '{"type": "object"}'
 MAX_CHOICES = 256
 VLLM_KINDS = {"choice": "choice", "regex": "regex", "json": "json_schema"}
 VLLM_REFUSED = ("grammar", "structural_tag")
+RESPONSE_KEYS = {"text": ("type",), "json_object": ("type", "schema"), "json_schema": ("type", "json_schema")}
 
 
 def _need(cond: bool, name: str, msg: str) -> None:
@@ -47,18 +48,28 @@ def _regex_text(value, name: str) -> str:
     return value
 
 
+def _known(spec: dict, keys: tuple, where: str) -> None:
+    unknown = sorted(str(k)[:40] for k in spec if k not in keys)
+    _need(not unknown, "response_format", f"{where}.{unknown[0] if unknown else ''} is not a field here ("
+                                          f"{', '.join(keys)} are); remove it")
+
+
 def _response_format(spec) -> tuple[str, str] | None:
+    """A `json_object` with a `schema` (instructor's older JSON_SCHEMA mode) is honoured as json_schema."""
     _need(isinstance(spec, dict), "response_format", "response_format must be an object with a type")
     kind = spec.get("type")
+    _known(spec, RESPONSE_KEYS.get(kind, ("type",)), "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
-        return "json_schema", JSON_OBJECT
+        return "json_schema", _schema_text(spec["schema"], "response_format.schema") if "schema" in spec \
+            else JSON_OBJECT
     _need(kind == "json_schema", "response_format", f"response_format.type must be text, json_object or "
                                                     f"json_schema, got {str(kind)[:40]!r}")
     inner = spec.get("json_schema")
     _need(isinstance(inner, dict) and "schema" in inner, "response_format",
           "response_format.json_schema must be an object with a schema (and a name)")
+    _known(inner, ("name", "schema", "strict", "description"), "response_format.json_schema")
     _need(isinstance(inner.get("strict", False), bool), "response_format", "response_format.json_schema.strict "
                                                                            "must be true or false")
     return "json_schema", _schema_text(inner["schema"], "response_format.json_schema.schema")

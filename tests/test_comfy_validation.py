@@ -95,7 +95,8 @@ def test_knob_rules_are_refused_when_the_graph_is_queued(node, change, says):
     way), while the inputs it does not name keep ComfyUI's own checks."""
     cls = NODES[node]
     errors = comfy_errors(cls, _inputs(node, **change))
-    named = [n for n in inspect.getfullargspec(cls.VALIDATE_INPUTS).args if n != "cls"]
+    given = _inputs(node, **change)  # ComfyUI lists the failure under each named input the prompt holds
+    named = [n for n in inspect.getfullargspec(cls.VALIDATE_INPUTS).args if n != "cls" and n in given]
     assert errors == [(n, "custom_validation_failed") for n in named]
     given = {n: [v] for n, v in _inputs(node, **change).items() if n in named}
     assert says in cls.VALIDATE_INPUTS(**given)

@@ -168,7 +168,8 @@ def test_api_example_runs_headless(path, tmp_path, monkeypatch):
     outputs = {node: ui for node, ui in uis.items()}
     assert outputs, "no output node ran"
     texts = [t for ui in outputs.values() for t in ui.get("text", [])]
-    texts += [json.loads(open(t).read().splitlines()[-1])["text"] for t in texts if t.endswith(".jsonl")]
+    logs = [tmp_path / t.removeprefix("output/") for t in texts if t.endswith(".jsonl")]  # shown as output/…
+    texts += [json.loads(open(log).read().splitlines()[-1])["text"] for log in logs]
     expected = {"ping": "three", "image": "red", "decide": "blue"}.get(path.stem, "seven")
     assert expected in texts, texts[:3]
     for ui in outputs.values():

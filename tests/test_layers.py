@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Packages, lowest first: each imports only the ones before it.
 PACKAGES = ("dgemma", "remote", "nodes serve mcp_server", "runner")
 # dgemma's layers, lowest first: a module imports the engine only from lower layers or its own folder.
-LAYERS = ("errors versions readings", "inputs", "payloads", "loading", "constraints", "steps", "readouts",
+LAYERS = ("paths", "errors versions readings", "inputs", "payloads", "loading", "constraints", "steps", "readouts",
           "denoising", "backend demo __init__")
 
 

@@ -112,7 +112,7 @@ def test_sampler_outputs_match_their_declaration(demo):
     assert text == "seven" and state.turn_closed and state.finished_honestly
     assert len(frames) == len(trace) == images.shape[0] == state.steps_used > 1
     assert frames[-1].startswith("seven<turn|><eos>")
-    assert config.knobs.seed == 3 and config.model_source == demo.source
+    assert config.knobs.seed == 3 and config.model_source == demo.shown
     assert frames == frame_texts(trace, demo.token_strings)  # the on-demand slots, made: what their names say
     assert torch.equal(images, render_images(trace, demo.token_strings, Asked.of("What is 3+4?", None)))
 
@@ -260,6 +260,7 @@ def test_run_log_writer_writes_into_the_output_folder(tmp_path, demo):
     with fakecomfy.installed(tmp_path) as comfy:
         (path,), ui = call(RunLog, canvas_trace=trace, run_config=config, frames=frames, canvas_state=state,
                            filename_prefix="runs/dgemma")
-    assert ui == {"text": [path]} and path.startswith(str(comfy.output_dir / "runs" / "dgemma_00001"))
+    assert ui == {"text": ["output/runs/dgemma_00001.jsonl"]}  # shown relative to the output folder
+    assert path.startswith(str(comfy.output_dir / "runs" / "dgemma_00001"))
     rows = [json.loads(line) for line in open(path, encoding="utf-8")]
     assert rows[0]["record_type"] == "header" and rows[-1]["text"] == "six"

@@ -20,6 +20,7 @@ from diffusiongemma.dgemma import Knobs, generate, load_model
 from diffusiongemma.dgemma.demo import DEMO_KNOBS, IMAGE_QUESTION, colour_image
 from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.denoising.resume import Advanced
+from diffusiongemma.dgemma.errors import InputError
 from diffusiongemma.dgemma.inputs.pins import parse as parse_pins
 from diffusiongemma.dgemma.inputs.tokens import literal_ids
 from diffusiongemma.dgemma.inputs.vision import prepare_images
@@ -41,8 +42,17 @@ def refused(words, call_it):
 
 # ---------------------------------------------------------------- images
 
-@pytest.mark.parametrize("height, width", [(1, 1), (1, 64), (3, 64), (3, 3000), (2, 2)])
-def test_thin_images_are_read_channels_last(demo_model, height, width):
+@pytest.mark.parametrize("height, width", [(1, 64), (3, 64), (3, 3000)])
+def test_thin_images_are_read_channels_last_and_refused_below_the_minimum(demo_model, height, width):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "channel dimension is ambiguous" is a warning
+        with pytest.raises(InputError) as caught:
+            prepare_images(demo_model, colour_image("red", width, height))
+    assert f"({width}x{height} pixels) is below the image processor's minimum" in str(caught.value)
+
+
+@pytest.mark.parametrize("height, width", [(1, 1), (2, 2)])
+def test_tiny_images_are_read_channels_last(demo_model, height, width):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "channel dimension is ambiguous" is a warning
         thin = prepare_images(demo_model, colour_image("red", width, height)).pixel_values
@@ -183,7 +193,8 @@ def test_a_reload_after_unload_refuses_a_changed_checkpoint(tiny_dir, tmp_path, 
     else:
         shutil.rmtree(folder)
         _copy(DEMO_DIR, folder)
-    refused(["model", str(folder), "changed", "Loader"], lambda: memory.model_ready(dm))
+    said = refused(["model", "'ckpt'", "changed", "Loader"], lambda: memory.model_ready(dm))
+    assert str(folder) not in str(said)  # shown by its name, not the disk's layout
     refused(["model", "changed"], lambda: call(NODES["DGemmaSampler"], model=dm, prompt="hi", **KNOBS))
 
 

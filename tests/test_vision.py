@@ -212,17 +212,22 @@ def test_the_advanced_sampler_reads_an_image_too(demo_model):
     assert out[0] == "red" and out[5].image["count"] == 1
 
 
-def test_a_picture_too_thin_for_the_processor_is_read_with_a_warning(demo_model):
-    """The processor stretches a 3-pixel side to one pooled patch: the picture reaches the model as one row
-    of soft tokens (the demo reads 64x3 blue as 'ubue'), and the run says so."""
+def test_a_picture_below_the_processors_minimum_is_refused_by_name(demo_model, no_model_work):
+    """The processor stretches a 3-pixel side to one pooled patch: the picture would reach the model as one
+    row of soft tokens (the demo reads 64x3 blue as 'ubue'), so it is refused before any model work."""
     knobs = Knobs(seed=7)
-    thin = generate(demo_model, "What colour is this?", knobs, image=colour_image("blue", 64, 3))
-    (warning,) = thin.config.image["warnings"]
-    assert warning.startswith("image 1 (64x3 pixels) reaches the model as a single row of 38 soft tokens")
-    assert f"warning: {warning}" in str(thin.config)
-    tall = prepare_images(demo_model, colour_image("blue", 3, 64)).record["warnings"]
-    assert "single column" in tall[0]
+    with pytest.raises(InputError) as caught:
+        generate(demo_model, "What colour is this?", knobs, image=colour_image("blue", 64, 3))
+    assert caught.value.name == "image" and str(caught.value).startswith(
+        "image: image 1 (64x3 pixels) is below the image processor's minimum: it would reach the model as a single "
+        "row of 38 soft tokens") and "pad it" in str(caught.value)
+    with pytest.raises(InputError, match="single column"):
+        prepare_images(demo_model, colour_image("blue", 3, 64))
     for width, height in ((64, 64), (96, 48), (64, 8), (2, 2)):
         assert "warnings" not in prepare_images(demo_model, colour_image("blue", width, height)).record
+
+
+def test_a_picture_with_its_shape_kept_runs_without_a_warning(demo_model):
+    knobs = Knobs(seed=7)
     plain = generate(demo_model, "What colour is this?", knobs, image=colour_image("blue", 64, 64))
     assert plain.text == "blue" and "warning" not in str(plain.config)

@@ -31,6 +31,8 @@ SUPPORTED = {"type", "properties", "required", "additionalProperties", "items", 
              "$defs", "definitions", "format", "title", "description", "default", "examples", "$schema", "$id",
              "$comment"}
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\(?:0|x00|x\{0+\}|u0000)")  # \0, \x00, \x{0}, \u0000, not \\0
+_DATA = ("enum", "const", "default", "examples")  # keywords whose values are data, not schemas
 
 
 def _json_type_is(schema: dict, name: str) -> bool:
@@ -101,6 +103,55 @@ def _checked_part(key: str, value, where: str, depth: int):
     return value
 
 
+def _refs_in(node, where: str):
+    """(where, target) of each $ref in `node`'s schemas."""
+    stack = [(node, where)]
+    while stack:
+        part, at = stack.pop()
+        if isinstance(part, dict):
+            if "$ref" in part:
+                yield at, part["$ref"]
+            stack.extend((v, f"{at}/{_name(str(k))}") for k, v in part.items() if k != "$ref" and k not in _DATA)
+        elif isinstance(part, list):
+            stack.extend((v, f"{at}/{i}") for i, v in enumerate(part))
+
+
+def _resolve(root: dict, target, where: str):
+    """The schema a local $ref points at; anything else refused, naming where it is."""
+    if not isinstance(target, str) or not target.startswith("#"):
+        raise InputError("constraint", f"the $ref at {where} is {short(target)}; only a reference inside the "
+                                       "schema (#, #/$defs/name) can be compiled: put the target under $defs")
+    node = root
+    for step in [s.replace("~1", "/").replace("~0", "~") for s in target[1:].split("/")[1:]]:
+        node = node.get(step) if isinstance(node, dict) else None
+        if node is None:
+            raise InputError("constraint", f"the $ref at {where} points at {short(target)}, which the schema does "
+                                           "not hold; fix the path")
+    return node
+
+
+def check_refs(root: dict) -> None:
+    """Refuse a $ref that cannot be followed, and a cycle of them: an automaton holds no recursion, and
+    the compiler would cut it at a depth where the answer may break the schema."""
+    done: set = set()
+
+    def visit(target: str, chain: tuple, where: str) -> None:
+        node = _resolve(root, target, where)  # refuses a target that is not a local path first
+        if target in chain:
+            loop = " → ".join(chain[chain.index(target):] + (target,))
+            raise InputError("constraint", f"the $ref at {where[:200]} is recursive ({loop[:200]}); a "
+                                           "constraint cannot recurse: unroll it to the depth you need")
+        if target in done:
+            return
+        for at, inner in _refs_in(node, target):
+            visit(inner, chain + (target,), at)
+        done.add(target)
+
+    if isinstance(root, dict):
+        for at, target in _refs_in(root, "#"):
+            visit(target, (), at)
+
+
 def _name(name: str) -> str:
     """A property's name in a path a refusal quotes: cut, since a name may be thousands of characters."""
     return name if len(name) <= 40 else name[:39] + "…"
@@ -130,6 +181,9 @@ class Constraint:
             raise InputError("constraint", f"constraint must be text, got {type(self.text).__name__}")
         if len(self.text) > MAX_TEXT:
             raise InputError("constraint", f"constraint is {len(self.text)} characters, over {MAX_TEXT}")
+        if "\0" in self.text or (self.kind == "regex" and _NUL_ESCAPE.search(self.text)):
+            raise InputError("constraint", f"the {self.kind} constraint holds a NUL character, which no answer "
+                                           "shows and the compiler cannot take; remove it")
         if self.active:
             self.regex  # noqa: B018 - refuse bad text on construction
 
@@ -210,6 +264,7 @@ def _schema_regex(text: str) -> str:
         raise InputError("constraint", f"the JSON Schema is nested too deep to read; keep it under "
                                        f"{budget.MAX_DEPTH} levels") from None
     schema = check_schema(schema)
+    check_refs(schema)
     budget.check("schema", schema)
     return budget.schema_regex(json.dumps(schema), functools.partial(costliest, "json_schema", text))
 

@@ -15,6 +15,7 @@ import torch
 from ..errors import Cancelled, InputError
 from ..inputs.tokens import check_text, literal_ids
 from ..inputs.vision import check_image_tensor, check_vision, image_token_ids, prepare_images
+from ..paths import shown_path
 from ..payloads import check_model
 from .cache import encode_ids, fork_cache, input_device, new_cache
 
@@ -45,7 +46,7 @@ class KVCache:
 
     def __repr__(self) -> str:
         """A line, never every id: ComfyUI puts str() of every input into its error report."""
-        return f"KVCache({self.length} tokens from {self.model_source!r}, {len(self.images)} image(s))"
+        return f"KVCache({self.length} tokens from {shown_path(self.model_source)!r}, {len(self.images)} image(s))"
 
     @property
     def length(self) -> int:
@@ -86,7 +87,7 @@ class KVCache:
 
     def summary(self) -> dict:
         ids = ",".join(map(str, self.token_ids)).encode()
-        summary = {"length": self.length, "model_source": self.model_source,
+        summary = {"length": self.length, "model_source": shown_path(self.model_source),
                    "tokenizer_fingerprint": self.tokenizer_fingerprint,
                    "token_ids_sha256": hashlib.sha256(ids).hexdigest()[:16]}
         # Image placeholders are the same ids for every picture: only the records tell them apart.

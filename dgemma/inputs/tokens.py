@@ -33,6 +33,39 @@ def display_strings(tokenizer, vocab_size: int) -> tuple[str, ...]:
     return tuple(_display(p) for p in pieces)
 
 
+def decoding_table(tokenizer, vocab_size: int) -> dict:
+    """What a client needs to read ids as `decode(skip_special_tokens=True)` reads them, beside the display
+    strings: each byte-fallback token's byte, and the ids decoding skips."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
+    byte_ids = [[i, int(m.group(1), 16)] for i, p in enumerate(pieces) if p and (m := _BYTE.match(p))]
+    return {"bytes": byte_ids, "skipped": sorted(i for i in tokenizer.all_special_ids if 0 <= i < vocab_size)}
+
+
+def decoded_as_tokenizer(ids, strings, byte_of: dict, skipped: frozenset) -> str:
+    """The text `ids` decode to, from display strings: skipped ids dropped, and each run of byte tokens joined
+    as the byte-fallback decoder joins it (UTF-8, or one U+FFFD per byte when the run is not UTF-8)."""
+    out, run = [], bytearray()
+
+    def flush():
+        if run:
+            try:
+                out.append(run.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(REPLACEMENT * len(run))
+            run.clear()
+
+    for i in ids:
+        if i in skipped:
+            continue
+        if i in byte_of:
+            run.append(byte_of[i])
+            continue
+        flush()
+        out.append(strings[i])
+    flush()
+    return "".join(out).strip()
+
+
 _TABLES: dict = {}  # (id of a strings tuple, transform) -> (the tuple, its table); a few models' worth
 
 

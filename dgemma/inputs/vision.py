@@ -104,14 +104,14 @@ def check_vision(name: str, dm) -> None:
                                f"drops it), so it cannot read an {name}; unwire {name}, or load the safetensors "
                                "checkpoint (google/diffusiongemma-26B-A4B-it) for images")
     if getattr(encoder, "vision_tower", None) is None or getattr(dm.model.config, "vision_config", None) is None:
-        raise InputError(name, f"model {dm.source!r} has no vision tower, so it cannot read an {name}; unwire "
+        raise InputError(name, f"model {dm.shown!r} has no vision tower, so it cannot read an {name}; unwire "
                                f"{name} or load a checkpoint with vision")
     if dm.image_processor is None:
-        raise InputError(name, f"model {dm.source!r} ships no image processor (preprocessor_config.json), so an "
+        raise InputError(name, f"model {dm.shown!r} ships no image processor (preprocessor_config.json), so an "
                                f"{name} cannot be prepared for it; unwire {name}, or add the checkpoint's "
                                "processor files (the real Gemma4Processor also needs torchvision)")
     if image_token_ids(dm) is None:
-        raise InputError(name, f"the tokenizer of {dm.source!r} has no image tokens (<|image>, <|image|>, "
+        raise InputError(name, f"the tokenizer of {dm.shown!r} has no image tokens (<|image>, <|image|>, "
                                f"<image|>); unwire {name} or load a checkpoint with vision")
 
 
@@ -170,11 +170,11 @@ def prepare_images(dm, image, name: str = "image") -> ImageInput:
         raise InputError(name, f"the model's image processor refused {name} ({err}); try an image with a less "
                                "extreme aspect ratio") from None
     counts = tuple(int(n) for n in out["num_soft_tokens_per_image"])
-    seen = record(arrays)
     thin = thin_warnings(arrays, out["image_position_ids"], getattr(dm.image_processor, "pooling_kernel_size", 1),
                          counts)
-    return ImageInput(out["pixel_values"], out["image_position_ids"], counts, {**seen, "warnings": thin} if thin
-                      else seen)
+    if thin:  # refused, not warned: a warning in the run config alone reaches no one, and the answer is wrong
+        raise InputError(name, f"{name}: {thin[0]}")
+    return ImageInput(out["pixel_values"], out["image_position_ids"], counts, record(arrays))
 
 
 def thin_warnings(arrays, position_ids: torch.Tensor, pool: int, counts) -> list[str]:
@@ -189,7 +189,8 @@ def thin_warnings(arrays, position_ids: torch.Tensor, pool: int, counts) -> list
         if min(cols, rows) == 1 and max(cols, rows) > 1:
             h, w = pixels.shape[:2]
             line = "row" if rows == 1 else "column"
-            out.append(f"image {i + 1} ({w}x{h} pixels) reaches the model as a single {line} of {counts[i]} soft "
-                       "tokens: the processor stretches its short side to one pooled patch, so its shape is lost "
-                       "and it may be misread; pad it to a less extreme shape (e.g. Pad Image for Outpainting)")
+            out.append(f"image {i + 1} ({w}x{h} pixels) is below the image processor's minimum: it would reach "
+                       f"the model as a single {line} of {counts[i]} soft tokens (the processor stretches its short "
+                       "side to one pooled patch), its shape lost and misread; pad it to a less extreme shape "
+                       "(e.g. Pad Image for Outpainting) or scale it up")
     return out
