@@ -1,6 +1,7 @@
 """The ComfyUI nodes: thin classes over the engine in dgemma/."""
 
-from . import host, wiring
+from ..dgemma.loading import machine
+from . import host, memory, wiring
 from .decide import DGemmaDecide
 from .encode import DGemmaEncode
 from .join_texts import DGemmaJoinTexts
@@ -13,6 +14,7 @@ from .sampler_advanced import DGemmaSamplerAdvanced
 from .trace_heatmap import DGemmaTrace
 
 host.register_model_folder()
+machine.use(memory.host_machine)  # loads plan on ComfyUI's device and free memory when it runs the pack
 
 NODE_CLASS_MAPPINGS = {
     "DGemmaLoader": DGemmaLoader,

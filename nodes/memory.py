@@ -10,6 +10,7 @@ import weakref
 from contextlib import contextmanager
 
 from ..dgemma.errors import InputError
+from ..dgemma.loading import machine, preflight
 from .host import comfy
 
 AFTER_RUN = ("keep", "offload to CPU", "unload")
@@ -32,6 +33,19 @@ class _Held:
 
 
 _held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DGemmaModel -> _Held
+
+
+def host_machine() -> machine.Machine:
+    """The machine a load plans on: inside ComfyUI its device, its free memory and its freeing of other models
+    (so a load makes room as ComfyUI's own loaders do); torch's own figures without ComfyUI."""
+    mm = comfy("comfy.model_management")
+    if mm is None:
+        return machine.torch_machine()
+    device = mm.get_torch_device()
+    gpu = f"cuda:{machine.gpu_index(str(device))}" if device.type == "cuda" else None
+    return machine.Machine(gpu, lambda d: preflight.free_ram() if d.type == "cpu" else mm.get_free_memory(d),
+                           lambda d: mm.get_total_memory(d) if d.type != "cpu" else 0,
+                           lambda need, d: mm.free_memory(need, d))
 
 
 def _weights_module(model):
@@ -58,7 +72,8 @@ def manage(dm, after_run: str = "keep", reload=None) -> None:
     if mm is not None and mp is not None and home is not None:
         import torch
 
-        patcher = mp.ModelPatcher(_weights_module(dm.model), load_device=home, offload_device=torch.device("cpu"))
+        patcher = mp.ModelPatcher(_weights_module(dm.model), load_device=home, offload_device=torch.device("cpu"),
+                                  size=machine.held_bytes(dm.model))  # ties once: ComfyUI's own sum counts both
         mm.load_models_gpu([patcher], force_full_load=True)
     _held[dm] = _Held(patcher, after_run, reload, home)
 

@@ -6,6 +6,8 @@ import sys
 import types
 from contextlib import contextmanager
 
+import torch
+
 
 class InterruptProcessingException(Exception):
     pass
@@ -24,6 +26,8 @@ class Recorder:
         self.text: list[tuple[str, str]] = []    # send_progress_text calls: (node id, text)
         self.registry = None                      # comfy_execution.progress's registry of the prompt
         self.prompt_handlers: list = []           # the server's on-prompt handlers, in order
+        self.device = "cpu"                       # what get_torch_device names (a test may name "cuda:1")
+        self.vram = (0, 0)                        # (free, total) bytes get_free_memory / get_total_memory give
 
     def steps(self) -> list[dict]:
         return [data for event, data, _ in self.events if event == "dgemma.step"]
@@ -128,6 +132,7 @@ def _patcher_class(rec):
 
         def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
             self.model, self.load_device, self.offload_device = model, load_device, offload_device
+            self.size = size
             self.parent = None
             if getattr(model, "device", None) is None:
                 model.device = offload_device
@@ -171,6 +176,7 @@ def _model_management(rec) -> dict:
 
     def free_memory(memory_required, device, keep_loaded=()):
         """Another model needs the device: unload everything else there (the fake has no sizes)."""
+        rec.memory.append(("free", f"{memory_required} on {device}"))
         freed = [m for m in current if device in (None, m.device) and m not in keep_loaded]
         for loaded in freed:
             loaded.model_unload()
@@ -180,7 +186,10 @@ def _model_management(rec) -> dict:
     return {"current_loaded_models": current, "load_models_gpu": load_models_gpu, "free_memory": free_memory,
             "loaded_models": lambda only_currently_used=False: [m.model for m in current],
             "soft_empty_cache": lambda force=False: None,
-            "unload_all_models": lambda: free_memory(1e30, None)}
+            "unload_all_models": lambda: free_memory(1e30, None),
+            "get_torch_device": lambda: torch.device(rec.device),
+            "get_free_memory": lambda dev=None, torch_free_too=False: rec.vram[0],
+            "get_total_memory": lambda dev=None, torch_free_too=False: rec.vram[1]}
 
 
 def cache_key(graph: dict, node_id: str, classes: dict) -> str:

@@ -3,6 +3,8 @@ the fused step exactly diffusers', and a NaN in the logits refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +14,9 @@ from diffusiongemma.dgemma.denoising import loop
 from diffusiongemma.dgemma.denoising.stepcopy import StepCopy, pack
 from diffusiongemma.dgemma.readouts.trace import Recorder
 from diffusiongemma.dgemma.steps import fastpath
-from diffusiongemma.testing.waits import DeviceCalls
+from diffusiongemma.testing.waits import DeviceCalls, step_waits
 
+REPO = Path(__file__).resolve().parents[1]
 TRACE = ("blocks", "steps", "ids", "committed_bits", "stop_bits", "pinned_bits", "constrained_bits", "entropy", "times")
 
 
@@ -91,7 +94,7 @@ def test_the_host_copy_is_what_the_recorder_read_tensor_by_tensor(extras):
     for stopped in (torch.tensor(True), torch.tensor(False), None):
         host = copy.take_all([pack(canvas, masks[0], masks[1], entropy, pinned, constrained, stopped)])[0]
         assert host.stopped is (stopped is not None and bool(stopped))
-        new.add_host(0, 0, *host.arrays)
+        new.add_host(0, 0, host.ids, host.committed, host.stop, host.entropy, host.pinned, host.constrained)
     a, b = old.finish(), new.finish()
     for name in TRACE:
         x, y = getattr(a, name), getattr(b, name)
@@ -122,3 +125,39 @@ def test_logits_holding_nan_are_refused(tiny_model, monkeypatch):
     monkeypatch.setattr(loop.BlockDecoder, "logits", broken)
     with pytest.raises(FloatingPointError, match="NaN or infinity"):
         generate(tiny_model, "hello", Knobs(seed=1, num_inference_steps=4, gen_length=256))
+
+
+MODES = ["bf16", "8bit", "4bit", "gguf", "logprobs", "constraint", "batch of 8"]
+
+
+def mode_run(mode: str, demo_model):
+    """A run of the demo (the small real-geometry AutoRound twin for autoround) in one of the modes."""
+    from conftest import cache_base
+
+    from diffusiongemma.dgemma import Constraint, load_model
+    from diffusiongemma.dgemma.demo import DEMO_DIR
+    from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch
+    from diffusiongemma.testing import realslice
+
+    knobs = Knobs(seed=1, num_inference_steps=6, gen_length=64, confidence=0.0)
+    dm = {"8bit": lambda: load_model(str(DEMO_DIR), quant="8bit"),
+          "4bit": lambda: load_model(str(DEMO_DIR), quant="4bit"),
+          "gguf": lambda: load_model(str(REPO / "tests/fixtures/gguf/demo-Q4_K_M.gguf"), quant="gguf"),
+          "autoround": lambda: load_model(str(realslice.int4_dir(realslice.SMALL, cache_base())), quant="autoround"),
+          }.get(mode, lambda: demo_model)()
+    options = {"logprobs": {"logprobs": 5}, "constraint": {"constraint": Constraint("choice", "seven\nfour")}}
+    if mode == "batch of 8":
+        requests = [prepare(dm, f"What is {i}+{i + 2}?", knobs) for i in range(8)]
+        return lambda: run_batch(requests, max_batch=8)
+    request = prepare(dm, "What is 3+4?", knobs, **options.get(mode, {}))
+    return lambda: run(request)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_waits_once_per_step(mode, demo_model):
+    """Quantized weights, a capture, a constraint, a batch: each step's record reaches the host in one copy and
+    nothing else waits (the constraint's choice runs on the host after that copy)."""
+    run = mode_run(mode, demo_model)
+    run()  # one-time probes (the fused step's check of torch's draw, the experts' probe)
+    steps, most, names = step_waits(run)
+    assert steps >= 6 and most == 1 and set(names) == {"copy_"}, (mode, names)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..inputs.knobs import num_blocks
@@ -47,36 +48,56 @@ class Guide:
         self._path: tuple[int, list[int]] | None = None  # (block, tokens) of the last valid path
         self.broken: str | None = None
         self.changed = 0
+        self._at = None  # (block, start state, previous path, k) of the step launched, until it is chosen
 
-    def start_state(self, block: int, done) -> int | None:
-        """The automaton's state after the blocks before `block` (memoised per block)."""
+    def start_state(self, block: int, done_ids) -> int | None:
+        """The automaton's state after the blocks before `block` (their host ids; memoised per block)."""
         if block not in self._starts:
             state = START
-            for ids in done[:block]:
-                state = None if state is None else self.automaton.run(state, ids[0].tolist())
+            for ids in done_ids[:block]:
+                state = None if state is None else self.automaton.run(state, ids.tolist())
             self._starts[block] = state
         return self._starts[block]
 
     @torch.no_grad()
-    def apply(self, block: int, done, canvas, proposed, logits, pinned=None, last: bool = False):
-        """(canvas, mask of positions the constraint changed) for one step of `block`."""
-        unchanged = torch.zeros_like(canvas, dtype=torch.bool)
-        state = self.start_state(block, done)
+    def launch(self, block: int, done_ids, canvas, logits) -> torch.Tensor | None:
+        """A step's device part: (1, n) uint8 holding each position's top-k ids and scores under `logits` (1, L, V)
+        and the scores of its `canvas` token and of the last valid path's, all `choose` reads on the host after
+        the step's one copy; None when the constraint cannot be held any more."""
+        state = self.start_state(block, done_ids)
+        self._at = None
         if state is None or self.broken:
             self.broken = self.broken or "an earlier block left the constraint"
-            return canvas, unchanged
-        left = (self.blocks - block - 1) * self.L
+            return None
         previous = self._previous(block, state)
-        options = candidates(logits[0], canvas[0], proposed[0], None if pinned is None else pinned[0], previous)
+        scores = logits[0].float()
+        values, ids = scores.topk(min(TOP_K, scores.shape[-1]), dim=-1)
+        before = torch.as_tensor(previous).to(canvas.device, non_blocking=True)
+        extra = scores.gather(-1, torch.stack([canvas[0], before], dim=-1))
+        self._at = (block, state, previous, ids.shape[-1])
+        return torch.cat([ids.to(torch.int32).view(torch.float32), values, extra], dim=-1).view(torch.uint8).reshape(
+            1, -1)
+
+    def choose(self, ids: np.ndarray, proposed: np.ndarray, pinned, rows, last: bool) -> tuple:
+        """A step's host part: (the canvas's ids after the constraint, the positions it changed), from the step's
+        `ids`, what it holds committed (`proposed`), its pins and the bytes `launch` made."""
+        unchanged = np.zeros(len(ids), bool)
+        if self._at is None:
+            return ids, unchanged
+        block, state, previous, k = self._at
+        table = rows.view(np.float32).reshape(len(ids), 2 * k + 2)
+        options = candidates(table[:, :k].view(np.int32).tolist(), table[:, k:2 * k].tolist(), ids.tolist(),
+                             previous, table[:, 2 * k:].tolist(), proposed.tolist(),
+                             None if pinned is None else pinned.tolist())
+        left = (self.blocks - block - 1) * self.L
         path = viterbi(self.automaton, state, options, left, previous)
         if path is None:
             self.broken = "no valid path through the pinned tokens: the pins and the constraint disagree"
-            return canvas, unchanged
+            return ids, unchanged
         self._path = (block, path)
-        new = torch.tensor(path, dtype=canvas.dtype, device=canvas.device).unsqueeze(0)
-        write = torch.ones_like(unchanged) if last else proposed | (unchanged if pinned is None else pinned)
-        out = torch.where(write, new, canvas)
-        changed = out != canvas
+        write = True if last else proposed | (unchanged if pinned is None else pinned)
+        out = np.where(write, np.asarray(path, ids.dtype), ids)
+        changed = out != ids
         self.changed += int(changed.sum())
         return out, changed
 
@@ -109,23 +130,17 @@ class Guide:
         return text if self.shape is None else self.shape.answer(text)
 
 
-def candidates(logits, row, proposed, pinned, previous) -> list[list[tuple[int, float]]]:
+def candidates(top_ids, top_values, row, previous, extras, proposed, pins) -> list[list[tuple[int, float]]]:
     """Per position, (token, score) options: top-k, the proposal (with the bonus), the previous path."""
-    values, ids = logits.float().topk(min(TOP_K, logits.shape[-1]), dim=-1)
-    extra = torch.stack([row, torch.as_tensor(previous, device=row.device)], dim=-1)
-    extra_values = logits.float().gather(-1, extra)
     out = []
-    top_ids, top_values = ids.tolist(), values.tolist()
-    rows, extras, props = extra.tolist(), extra_values.tolist(), proposed.tolist()
-    pins = pinned.tolist() if pinned is not None else None
     for i in range(len(top_ids)):
         if pins is not None and pins[i]:
-            out.append([(rows[i][0], 0.0)])
+            out.append([(row[i], 0.0)])
             continue
         options = dict(zip(top_ids[i], top_values[i]))
-        options.setdefault(rows[i][1], extras[i][1])
-        if props[i]:
-            options[rows[i][0]] = extras[i][0] + BONUS
+        options.setdefault(previous[i], extras[i][1])
+        if proposed[i]:
+            options[row[i]] = extras[i][0] + BONUS
         out.append(list(options.items()))
     return out
 
@@ -184,8 +199,8 @@ def _states_along(automaton, start: int, tokens) -> list:
 class _Unconstrained:
     """No constraint: the step's canvas passes through untouched."""
 
-    def apply(self, block, done, canvas, proposed, logits, pinned=None, last=False):
-        return canvas, None
+    def launch(self, block, done_ids, canvas, logits):
+        return None
 
 
 UNCONSTRAINED = _Unconstrained()

@@ -182,11 +182,10 @@ def default_max_batch(dm, held_tokens: int, free: int) -> int:
 
 def fitting_batch(requests) -> int:
     """The default batch size of these requests: what fits in the free memory of their model's device."""
-    from ..loading.preflight import free_ram, free_vram
+    from ..loading.machine import current
     from .cache import input_device
 
     dm = requests[0].dm
     held = max((r.context.length if r.context is not None else 0) + len(r.turn) + r.blocks * dm.canvas_length
                for r in requests)
-    free = free_vram() if input_device(dm.model).type == "cuda" else free_ram()
-    return default_max_batch(dm, held, free)
+    return default_max_batch(dm, held, current().free(input_device(dm.model)))

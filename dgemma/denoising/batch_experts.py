@@ -8,8 +8,8 @@ experts each row's two grouped matmuls are called on their own (its solo run's v
 in its sort's order, its groups; a grouped matmul's kernel depends on all its groups) and the rest
 runs once; that is used where the function is the one this was written against and a probe of the
 layer gives its row-by-row calls' bits. Anything else calls the layer's own forward row by row (exact
-too, about twice the cost on the demo). On the CPU only: there a batch gains
-by sharing each op's overhead, while an accelerator would read the experts' weights once per row.
+too, about twice the cost on the demo). On every device: the batch a request ran in never changes its
+tokens (an accelerator reads the experts' weights once per row for it).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import weakref
 import torch
 
 from ..loading.patching import note_once
-from .cache import input_device
 
 CHECKED = "54beecae8764c6e9"  # sha256 (16 hex) of transformers' grouped_mm_experts_forward, as in 5.23
 _rows = threading.local()  # the batch's row length while a batched forward runs in this thread
@@ -115,9 +114,7 @@ def _alone(module, forward):
 
 def experts_by_row(model) -> bool:
     """Give the decoder's mixture-of-experts layers (the module instances) their path for a batched
-    forward on the CPU; False where none was given it (no such layer, or the model is elsewhere)."""
-    if input_device(model).type != "cpu":
-        return False
+    forward; False where none was given it (no such layer of the kind checked)."""
     layers = getattr(getattr(getattr(model, "model", None), "decoder", None), "layers", ())
     applied = False
     for layer in layers:
@@ -130,6 +127,6 @@ def experts_by_row(model) -> bool:
                 continue
             experts.forward = _alone(experts, experts.forward)
         applied = True
-    note_once("transformers experts rows", applied, "a batch's rows take the experts alone on the CPU"
+    note_once("transformers experts rows", applied, "a batch's rows take the experts alone"
               if applied else "no experts of the kind checked")
     return applied

@@ -175,6 +175,8 @@ class Pending:
     packed: Packed
     canvas: torch.Tensor
     self_cond: torch.Tensor
+    guided: bool                  # the constraint's choice waits for the host (its bytes are the packed extra)
+    logits: torch.Tensor | None   # kept for a capture of a guided step, read after the choice
 
 
 class Lane:
@@ -250,32 +252,33 @@ class Lane:
         canvas, by_stop, stopped = self.stop.apply(out.canvas, self_cond, entropy)
         canvas = _pin(canvas, pins)
         pinned = None if pins is None else pins[0]
-        held = out.committed if stopped is None else out.committed | by_stop  # None: the stop is off
-        canvas, constrained = self.guide.apply(self.block, self.done, canvas, held, self_cond, pinned,
-                                               self._last(step, stopped))
-        rows = None if self.capture is None else self.capture.rows(logits, canvas)
-        packed = pack(canvas, out.committed, by_stop, entropy, pinned, constrained, stopped, rows)
-        return Pending(packed, canvas, self_cond)
+        guided = self.guide.launch(self.block, self.done_ids, canvas, self_cond)
+        kept = None if self.capture is None or guided is None else logits
+        rows = guided if guided is not None or self.capture is None else self.capture.rows(logits, canvas)
+        packed = pack(canvas, out.committed, by_stop, entropy, pinned, None, stopped, rows)
+        return Pending(packed, canvas, self_cond, guided is not None, kept)
 
     def land(self, pending: Pending, host: HostStep) -> None:
-        """The step's host work once its record is on the host: the recorder, the frame, the block's end."""
-        frame = self.recorder.add_host(self.block, self.step, *host.arrays)
+        """The step's host work once its record is on the host: the constraint's choice, the recorder, the frame,
+        the block's end."""
+        canvas, ids, constrained = pending.canvas, host.ids, None
+        if self.guide is not UNCONSTRAINED:
+            ids, constrained = self.guide.choose(host.ids, host.committed | host.stop, host.pinned, host.extra,
+                                                 self.step == self.stepper.steps - 1 or host.stopped)
+            if pending.guided:  # the chosen canvas goes back without a wait: the device idles after the copy
+                canvas = torch.from_numpy(ids.astype(np.int64)).reshape(1, -1).to(canvas.device, non_blocking=True)
+        frame = self.recorder.add_host(self.block, self.step, ids, host.committed, host.stop, host.entropy,
+                                       host.pinned, constrained)
         if self.capture is not None:
-            self.capture.add(self.block, host.ids, frame.committed, host.extra)
+            rows = host.extra if pending.logits is None else self.capture.rows(pending.logits, canvas).cpu().numpy()
+            self.capture.add(self.block, ids, frame.committed, rows)
         if self.on_frame is not None:
             self.on_frame(frame)
-        self.canvas, self.self_cond, self.stopped = pending.canvas, pending.self_cond, host.stopped
+        self.canvas, self.self_cond, self.stopped = canvas, pending.self_cond, host.stopped
         self.step += 1
         self.last_ids = frame.ids
         if host.stopped:
             self._end_block()
-
-    def _last(self, step: int, stopped) -> bool:
-        """Whether the step ends its block, for the guide (which fills the whole canvas then); only a constrained
-        step reads the stop's device flag here, as the guide ignores it otherwise."""
-        if step == self.stepper.steps - 1:
-            return True
-        return self.guide is not UNCONSTRAINED and stopped is not None and bool(stopped)
 
     def _end_block(self) -> None:
         self.self_cond, self.in_block = None, False

@@ -15,11 +15,15 @@ RAM_HEADROOM = 0.9             # share of free RAM a plan may fill: the OS and C
 CUDA_RESERVE = GIB // 2        # CUDA context and allocator slack beyond what `Need` counts
 PCIE_BYTES_PER_S = 25e9        # PCIe 4.0 x16 as measured by most hosts
 RAM_BYTES_PER_S = 40e9         # a desktop's memory bandwidth; a CPU step reads every weight at least once
-# One step's peak temporaries per (position x vocabulary entry), in bytes: the head's bf16 logits,
-# their float copy, the scheduler's scaled logits, log-normalised logits and probabilities, the kept
-# self-conditioning logits and the embedding mix they feed. Calibrated on the real-vocabulary slice:
-# the peak of a step with self-conditioning, over the process's resident size before it, is 28.0.
-STEP_BYTES_PER_LOGIT = 28
+# The (position x vocabulary entry) tensors alive at a step's peak, and their bytes per entry: the step's
+# own tensors as it makes them (testing/tensorpeak.py counts them on any device), float32 whatever the
+# weights' dtype, as the model's head returns its logits in float32.
+# The draw's probabilities and noise are gone before the entropy's two are made (dgemma/steps/batch_step.py).
+STEP_TENSORS = {"logits, as the head returns them": 4, "scaled by the temperature (the next self-conditioning)": 4,
+                "probabilities, then the entropy's log-normalised logits": 4,
+                "the draw's exponential noise, then the entropy's softmax": 4,
+                "the previous step's self-conditioning, kept": 4}
+STEP_BYTES_PER_LOGIT = sum(STEP_TENSORS.values())
 LOAD_CONTEXT = 4096            # context tokens a load budgets for (its KV cache); a longer prompt needs more
 INT4_SHARE = 0.592             # the real AutoRound INT4 checkpoint's bytes over the bf16 model's
 # What `quant auto` tries, best quality first, for a checkpoint that each of them loads from.
@@ -89,7 +93,7 @@ def step_bytes(text_config, canvas: int, context: int, batch: int = 1) -> int:
 
 
 def logit_bytes(text_config, canvas: int) -> int:
-    """One step's logit-sized temporaries (STEP_BYTES_PER_LOGIT per position and vocabulary entry)."""
+    """One step's logit-sized tensors (STEP_TENSORS: STEP_BYTES_PER_LOGIT per position and vocabulary entry)."""
     return STEP_BYTES_PER_LOGIT * canvas * text_config.vocab_size
 
 

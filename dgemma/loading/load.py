@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from ..errors import LoadCancelled, short
 from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fingerprint
 from ..payloads import DGemmaModel
-from . import deviceplan, patches, patching, preflight, quant_at_load
+from . import deviceplan, machine, patches, patching, preflight, quant_at_load
 from .identity import checkpoint_identity
 from .load_options import resolve_device, resolve_dtype
 from .quant import MADE_AT_LOAD, after_load, check_packed, check_quant, model_class, quant_method, shared_copy_bytes
@@ -154,9 +155,10 @@ def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[
     return preflight.hub_bytes(where, local) or 0, {}, 0, None
 
 
-def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device: str, quant: str):
-    """The device plan for what a run of this checkpoint needs on this machine, in `quant` or (auto) the best
-    mode that fits (see deviceplan)."""
+def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device: str, quant: str,
+          host: machine.Machine):
+    """The device plan for what a run of this checkpoint needs on `host`, in `quant` or (auto) the best mode that
+    fits (see deviceplan), on the host's accelerator by name; the host first frees room for it there."""
     weights = preflight.loaded_bytes(stored, per_dtype, torch_dtype)
     stored_mode = "autoround" if quant_method(config) == "auto-round" else "none"
     text = config.get_text_config(decoder=True)
@@ -168,11 +170,28 @@ def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device
                                     deviceplan.logit_bytes(text, config.canvas_length))
             for q in MADE_AT_LOAD}
     needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made)
-    machine = dict(ram=preflight.free_ram(), vram=preflight.free_vram(), total_vram=preflight.total_vram())
+    own = (stored_mode,) if stored_mode == "autoround" else ("none", *(MADE_AT_LOAD if has_bitsandbytes() else ()))
+    figures = _room(host, device, needs[quant if quant != "auto" else own[0]].peak)
     if quant == "auto":
-        own = (stored_mode,) if stored_mode == "autoround" else ("none", *(MADE_AT_LOAD if has_bitsandbytes() else ()))
-        return deviceplan.choose(needs, own, device, **machine)
-    return deviceplan.plan(needs[quant], device, quant=quant, others=needs, **machine)
+        return machine.bind(deviceplan.choose(needs, own, device, **figures), host.accelerator)
+    return machine.bind(deviceplan.plan(needs[quant], device, quant=quant, others=needs, **figures), host.accelerator)
+
+
+def _room(host: machine.Machine, device: str, peak: int) -> dict:
+    """The host's figures, after it freed room on its GPU for `peak` bytes (at most the card) when one is used."""
+    gpu = host.gpu()
+    if gpu is not None and device != "cpu":
+        host.make_room(min(peak + deviceplan.CUDA_RESERVE, host.total(gpu)), gpu)
+    return host.figures()
+
+
+def on_device(device: str) -> tuple[machine.Machine, str]:
+    """(the machine to plan on, the device mode auto / cuda / cpu): a device named cuda:N is that accelerator."""
+    resolve_device(device)
+    host = machine.current()
+    if device.startswith("cuda:"):
+        return dataclasses.replace(host, accelerator=device), "cuda"
+    return host, device
 
 
 def is_gguf(source) -> bool:
@@ -207,7 +226,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     if is_gguf(source):
         return _load_gguf(source, quant, dtype, device, should_cancel)
     folder = check_source(source)
-    resolve_device(device)
+    host, device = on_device(device)
     torch_dtype = resolve_dtype(dtype)
     where = str(folder) if folder else source
     local = local_files_only or folder is not None
@@ -219,7 +238,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
                          "and set local_files_only") from exc
     check_quant(quant, config, where)
     stored, per_dtype, shared, headers = stored_bytes(folder, where, local, config)
-    placement = place(config, stored, per_dtype, shared, torch_dtype, device, quant)
+    placement = place(config, stored, per_dtype, shared, torch_dtype, device, quant, host)
     if quant != placement.quant:  # auto picked it
         quant = placement.quant
         check_quant(quant, config, where)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,15 @@ DEVICES = ("auto", "cuda", "cpu")
 
 
 def resolve_device(device: str) -> None:
+    """Refuse a device that is not one of DEVICES or a CUDA device by index (cuda:N) this torch sees."""
+    if isinstance(device, str) and re.fullmatch(r"cuda:\d{1,2}", device):
+        count = torch.cuda.device_count()
+        if int(device[5:]) >= count:
+            raise ValueError(f"device is {device!r} but this torch sees {count} CUDA GPU(s); choose one below "
+                             f"cuda:{count}, or 'auto'")
+        return
     if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {short(device)}; pick one of those")
+        raise ValueError(f"device must be one of {DEVICES} or cuda:N, got {short(device)}; pick one of those")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but this torch sees no CUDA GPU; choose device 'cpu' or 'auto', "
                          "or install a CUDA build of torch")

@@ -19,7 +19,7 @@
 - transformers: its sdpa attention gets a row-by-row path for a batch whose rows hold different
   numbers of keys (`RowKeys`, `rows_attention`, kept beside the batch they serve in dgemma/denoising/batch.py);
   every other call is sdpa's own.
-- transformers: on the CPU, a loaded model's decoder experts (the module instances, not their class)
+- transformers: a loaded model's decoder experts (the module instances, not their class), on every device,
   group each row of a batched forward's tokens alone while dgemma/denoising/batch.py runs one (`experts_by_row`
   in dgemma/denoising/batch_experts.py); every other call is the experts' own.
 

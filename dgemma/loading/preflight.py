@@ -204,9 +204,4 @@ def free_ram() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def free_vram() -> int:
-    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
-
-def total_vram() -> int:
-    return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 0

@@ -48,7 +48,9 @@ def entropy_of(logits):
     """torch.distributions.Categorical(logits=logits).entropy(): its very ops, without building the object (whose
     argument check reads a tensor on the host). `applies` checks the two agree to the bit."""
     normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
-    return -(torch.clamp(normalized, min=torch.finfo(normalized.dtype).min) * normalized.softmax(dim=-1)).sum(-1)
+    probs = normalized.softmax(dim=-1)
+    # the same clamp and product in place: two vocabulary-wide tensors fewer at the step's peak
+    return -normalized.clamp_(min=torch.finfo(normalized.dtype).min).mul_(probs).sum(-1)
 
 
 def _entropy_is_categoricals(device) -> bool:
@@ -91,11 +93,12 @@ def entropy_bound_rows(impls, steps, generators, logits) -> list[tuple]:
     scaled = _per_value(temperatures, logits, lambda x, t: x / t)
     B, L, V = scaled.shape
     probs = torch.softmax(_float(scaled), dim=-1)  # row by row over the vocabulary: as diffusers' (B*L, V) view
-    noise, renoise = [], []
-    for generator in generators:
-        noise.append(torch.empty((1, L, V), dtype=probs.dtype, device=device).exponential_(1, generator=generator))
+    noise, renoise = torch.empty((B, L, V), dtype=probs.dtype, device=device), []
+    for r, generator in enumerate(generators):  # each row's draws from its own generator, in its step's order
+        noise[r:r + 1].exponential_(1, generator=generator)
         renoise.append(torch.randint(0, V, (1, L), device=device, generator=generator))
-    sampled = torch.argmax(probs / (noise[0] if B == 1 else torch.cat(noise)), dim=-1)
+    sampled = torch.argmax(probs.div_(noise), dim=-1)  # in place: the probabilities are not read again
+    del probs, noise  # freed before the entropy's tensors are made: the step's peak holds neither
     entropy = entropy_of(scaled)
     ordered, order = torch.sort(entropy, dim=-1, descending=False)
     within = _per_value(bounds, torch.cumsum(ordered, dim=-1) - ordered, lambda x, b: x <= b)
