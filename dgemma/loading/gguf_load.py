@@ -20,7 +20,7 @@ from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fing
 from ..payloads import DGemmaModel
 from . import gguf_config, gguf_file
 from .gguf_file import ROPE_FREQS, checkpoint_name
-from .gguf_modules import GGUFLinear, GGUFWeight, make_embedding, make_experts
+from .gguf_modules import GGUFLinear, GGUFWeight, hold_in_forward, make_embedding, make_experts
 from .gguf_quants import dequantize, row_bytes
 from .load_options import resolve_device, resolve_dtype
 
@@ -180,6 +180,7 @@ def load_gguf(path, dtype: str = "auto", device: str = "auto", should_cancel=Non
     plan = tensor_plan(g, model)
     filler = _Filler(model, plan, torch_dtype, place, should_cancel)
     filler.fill(owners(model))
+    hold_in_forward(model, [model.model.decoder.embed_tokens.gguf])  # one dequantization of it per step
     model.to(place)
     model.eval()
     model.generation_config = gguf_config.generation_config(g)
