@@ -10,6 +10,7 @@ import weakref
 from contextlib import contextmanager
 
 from ..dgemma.errors import InputError
+from ..dgemma.loading.footprint import held_bytes
 from .host import comfy
 
 AFTER_RUN = ("keep", "offload to CPU", "unload")
@@ -58,7 +59,9 @@ def manage(dm, after_run: str = "keep", reload=None) -> None:
     if mm is not None and mp is not None and home is not None:
         import torch
 
-        patcher = mp.ModelPatcher(_weights_module(dm.model), load_device=home, offload_device=torch.device("cpu"))
+        # the size as held: ComfyUI's own count would read a GGUF's blocks right but every tie twice
+        patcher = mp.ModelPatcher(_weights_module(dm.model), load_device=home, offload_device=torch.device("cpu"),
+                                  size=held_bytes(dm.model))
         mm.load_models_gpu([patcher], force_full_load=True)
     _held[dm] = _Held(patcher, after_run, reload, home)
 

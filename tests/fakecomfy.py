@@ -128,7 +128,7 @@ def _patcher_class(rec):
 
         def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
             self.model, self.load_device, self.offload_device = model, load_device, offload_device
-            self.parent = None
+            self.size, self.parent = size, None
             if getattr(model, "device", None) is None:
                 model.device = offload_device
 
@@ -145,6 +145,9 @@ def _patcher_class(rec):
 
         def current_loaded_device(self):
             return self.model.device
+
+        def model_size(self):
+            return self.size
 
     return ModelPatcher
 
