@@ -168,3 +168,17 @@ def test_comfyui_holds_a_gguf_model_at_its_held_size_and_after_run_applies(tmp_p
         (again, *_), _ = call(sampler, model=dm, prompt="What is 3+4?", **knobs)
         assert first == again == "seven" and [loaded.model for loaded in mm.current_loaded_models] == [patcher]
         assert not any(t.is_meta for t in [*dm.model.parameters(), *dm.model.buffers()])
+
+
+def test_the_run_log_shows_the_gguf_sampler_defaults_as_the_checkpoints(demo_model):
+    from diffusiongemma.dgemma.readouts import runlog
+
+    dm = gguf_load.load_gguf(Q8)
+    ours, theirs = (generate(m, "What is 3+4?", DEMO_KNOBS) for m in (dm, demo_model))
+    expected = {"num_inference_steps": 48, "t_max": 0.8, "t_min": 0.4, "entropy_bound": 0.1, "confidence": 0.005,
+                "stability_threshold": 1, "canvas_length": 32}
+    assert ours.config.model_defaults == theirs.config.model_defaults == expected
+    header = runlog.records(ours.trace, ours.config, ours.state, [""] * len(ours.trace))[0]
+    assert header["model_defaults"] == expected
+    assert ("model defaults: 48 steps · T_max 0.8 · T_min 0.4 · entropy_bound 0.1 · confidence 0.005 · "
+            "stability 1 · canvas 32") in str(ours.config)

@@ -321,7 +321,7 @@ def test_a_list_over_its_limit_is_refused_before_any_run(demo_model):
     ("generate", {"prompt": "hi", "num_inference_steps": 10**30}, "num_inference_steps must be between 1 and 1024"),
     ("encode", {"text": "a", "onto": "\0" * 100_000}, "onto is 100000 characters, over 64"),
     ("load_model", {"model": "x" * 300}, "is neither a checkpoint folder nor a hub id"),
-    ("load_model", {"quant": "x" * 10_000}, "quant must be one of auto, none, autoround, 4bit, 8bit, got 'xxx"),
+    ("load_model", {"quant": "x" * 10_000}, "quant must be one of auto, none, autoround, 4bit, 8bit, gguf, got 'xxx"),
     ("free_handle", {"handle": ["x"] * 10_000}, "handle must be a string, got ['x', 'x', "),
     ("free_handle", {"handle": "x" * 1_000_000}, "handle is 1000000 characters, over 64"),
 ])
