@@ -63,6 +63,21 @@ class DGemmaModel:
 
         return tokenizer_fingerprint(self.tokenizer)
 
+    @cached_property
+    def sampler_defaults(self) -> dict | None:
+        """The sampler defaults the checkpoint ships (its generation_config.json, or a GGUF's `diffusion.*`
+        metadata), under the knobs' names; None when it ships none."""
+        gen = getattr(self.model, "generation_config", None)
+        bound = getattr(gen, "sampler_config", None) or {}
+        found = {"num_inference_steps": getattr(gen, "max_denoising_steps", None),
+                 "t_max": getattr(gen, "t_max", None), "t_min": getattr(gen, "t_min", None),
+                 "entropy_bound": bound.get("entropy_bound") if isinstance(bound, dict)
+                 else getattr(bound, "entropy_bound", None),  # a loaded checkpoint's is a config object
+                 "confidence": getattr(gen, "confidence_threshold", None),
+                 "stability_threshold": getattr(gen, "stability_threshold", None)}
+        found = {k: v for k, v in found.items() if v is not None}
+        return {**found, "canvas_length": self.canvas_length} if found else None
+
     def describe(self) -> dict:
         return {"model_source": self.shown, "quant": self.quant, "device": self.device, "dtype": self.dtype}
 
@@ -163,6 +178,7 @@ class RunConfig:
     constraint: dict | None = field(default=None)  # kind, text and sha256 of the answer's constraint
     readings: object = None  # readings.Readings: the knobs a remote engine was sent and those it fixes itself
     decision: dict | None = field(default=None)    # a decision's reading (denoising/decide.py), on its answer block
+    model_defaults: dict | None = field(default=None)  # the checkpoint's own sampler defaults (DGemmaModel)
 
     def __str__(self) -> str:
         k = self.knobs
@@ -182,6 +198,7 @@ class RunConfig:
         return "\n".join([
             f"prompt: {_quote(self.prompt)}", knobs,
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
+            *_defaults(self.model_defaults),
             f"context: {context}{images}", *extra, *_decided(self.decision),
             *(f"warning: {w}" for w in (self.image or {}).get("warnings", ()))])
 
@@ -220,3 +237,13 @@ def _span(positions) -> str:
 
 def _yes(flag: bool | None) -> str:
     return "unknown" if flag is None else "yes" if flag else "no"
+
+
+def _defaults(found: dict | None) -> list[str]:
+    """The line naming the checkpoint's own sampler defaults, when it ships them."""
+    if not found:
+        return []
+    words = {"num_inference_steps": "{} steps", "t_max": "T_max {:g}", "t_min": "T_min {:g}",
+             "entropy_bound": "entropy_bound {:g}", "confidence": "confidence {:g}",
+             "stability_threshold": "stability {}", "canvas_length": "canvas {}"}
+    return ["model defaults: " + " · ".join(words[k].format(v) for k, v in found.items() if k in words)]

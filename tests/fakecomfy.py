@@ -151,6 +151,9 @@ def _patcher_class(rec):
         def current_loaded_device(self):
             return self.model.device
 
+        def model_size(self):
+            return self.size
+
     return ModelPatcher
 
 

@@ -42,3 +42,11 @@ def test_other_modes_are_refused_for_a_gguf_and_gguf_for_a_folder():
 
 def test_auto_picks_gguf_for_a_gguf():
     assert load_model(str(GOOD), quant="auto").quant == "gguf"
+
+
+def test_without_the_gguf_package_a_gguf_is_refused_naming_the_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # what `import gguf` meets where it is not installed
+    with pytest.raises(ValueError, match="pip install gguf"):
+        load_model(str(GOOD), quant="gguf")

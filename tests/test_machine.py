@@ -18,7 +18,7 @@ def plan_on(rec, folder, device: str = "auto", quant: str = "none"):
     """The tiny checkpoint's placement on the host ComfyUI names (nothing is loaded)."""
     config = AutoConfig.from_pretrained(folder)
     stored, per_dtype, shared, _ = load.stored_bytes(folder, str(folder), True, config)
-    host, mode = load.on_device(device) if device.startswith("cuda:") else (memory.host_machine(), device)
+    host, mode = machine.on_device(device) if device.startswith("cuda:") else (memory.host_machine(), device)
     return load.place(config, stored, per_dtype, shared, torch.float32, mode, quant, host)
 
 
@@ -46,9 +46,9 @@ def test_without_a_gpu_the_host_plans_on_the_cpu_and_frees_nothing(tiny_dir, tmp
 
 def test_a_device_named_by_index_is_checked_and_planned_there(tiny_dir, monkeypatch):
     with pytest.raises(ValueError, match="cuda:3"):
-        load.on_device("cuda:3")  # this torch sees no such GPU
+        machine.on_device("cuda:3")  # this torch sees no such GPU
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    host, mode = load.on_device("cuda:3")
+    host, mode = machine.on_device("cuda:3")
     assert (host.accelerator, mode) == ("cuda:3", "cuda")
     plan = deviceplan.Plan("cuda", {"": 0}, None, 1)
     assert machine.bind(plan, host.accelerator).device_map == {"": 3}

@@ -15,7 +15,7 @@ HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "p
           "num_inference_steps_requested", "num_inference_steps_effective", "gen_length", "t_min", "t_max",
           "entropy_bound", "confidence", "thinking", "scheduler_name", "scheduler_config", "quant", "device",
           "dtype", "canvas_length", "injection_present", "injected_cache_provenance", "image_present", "image",
-          "block_stopped_early", "knob_sets", "advanced", "constraint"}
+          "block_stopped_early", "knob_sets", "advanced", "constraint", "model_defaults"}
 FRAME = {"record_type", "block", "step", "t", "temperature", "committed_fraction", "entropy_summary",
          "decoded_text", "canvas_ids", "accepted", "stop_committed", "tokens", "knob_set"}
 FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed_fraction", "turn_closed",

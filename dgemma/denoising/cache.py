@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import torch
 
@@ -25,8 +26,10 @@ def fork_cache(cache):
 
 
 def input_device(model) -> torch.device:
-    """Where token ids must live: the device of the (tied) embedding."""
-    return model.get_input_embeddings().weight.device
+    """Where token ids must live: the device of the (tied) embedding's tensors (its first parameter or buffer:
+    a GGUF embedding holds blocks, and reading its `weight` would dequantize the whole of it)."""
+    embedding = model.get_input_embeddings()
+    return next(itertools.chain(embedding.parameters(), embedding.buffers())).device
 
 
 @torch.no_grad()

@@ -310,7 +310,8 @@ def _result(item: _Item) -> RunResult:
     state = _read_result(item, sequence, trace, recorder.snapshot(), image_record)
     config = RunConfig(prompt=req.prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,
                        advanced=None if req.plain else req.advanced.record(),
-                       constraint=req.constraint.summary() if item.guide is not None else None, **dm.describe())
+                       constraint=req.constraint.summary() if item.guide is not None else None,
+                       model_defaults=dm.sampler_defaults, **dm.describe())
     captured = item.lane.capture.result() if item.lane is not None and item.lane.capture is not None else None
     return RunResult(state.text, state, trace, config, _advanced_context(req, start.cache, state, image_record),
                      captured)

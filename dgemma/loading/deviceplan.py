@@ -27,8 +27,9 @@ STEP_BYTES_PER_LOGIT = sum(STEP_TENSORS.values())
 LOAD_CONTEXT = 4096            # context tokens a load budgets for (its KV cache); a longer prompt needs more
 INT4_SHARE = 0.592             # the real AutoRound INT4 checkpoint's bytes over the bf16 model's
 # What `quant auto` tries, best quality first, for a checkpoint that each of them loads from.
-AUTO_ORDER = ("none", "8bit", "4bit", "autoround")
-WHAT = {"none": "model", "autoround": "AutoRound INT4 model", "4bit": "4-bit model", "8bit": "8-bit model"}
+AUTO_ORDER = ("none", "8bit", "4bit", "autoround", "gguf")  # a GGUF file loads in gguf alone
+WHAT = {"none": "model", "autoround": "AutoRound INT4 model", "4bit": "4-bit model", "8bit": "8-bit model",
+        "gguf": "GGUF model"}
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ import torch
 from ..errors import LoadCancelled
 from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fingerprint
 from ..payloads import DGemmaModel
-from . import gguf_config, gguf_file
+from . import gguf_config, gguf_file, gguf_plan, machine
 from .gguf_file import ROPE_FREQS, checkpoint_name
-from .gguf_modules import GGUFLinear, GGUFWeight, make_embedding, make_experts
+from .gguf_modules import GGUFLinear, GGUFWeight, hold_in_forward, make_embedding, make_experts
 from .gguf_quants import dequantize, row_bytes
-from .load_options import resolve_device, resolve_dtype
+from .load_options import resolve_dtype
 
 log = logging.getLogger("dgemma")
 DECODER = "model.decoder."
@@ -152,16 +152,6 @@ class _Filler:
         return self.weights[key]
 
 
-def resolve(device: str, dtype: str) -> tuple[str, torch.dtype]:
-    """`auto`: the GPU when there is one, computing in bfloat16 there and float32 on the CPU."""
-    resolve_device(device)
-    chosen = resolve_dtype(dtype)
-    place = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if chosen == "auto":
-        chosen = torch.bfloat16 if place == "cuda" else torch.float32
-    return place, chosen
-
-
 def identity(path: Path, stored: int, fingerprint: str) -> str:
     st = path.stat()
     digest = hashlib.sha256(f"{stored}\n{fingerprint}\n{path.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -171,15 +161,18 @@ def identity(path: Path, stored: int, fingerprint: str) -> str:
 def load_gguf(path, dtype: str = "auto", device: str = "auto", should_cancel=None) -> DGemmaModel:
     """Load a DiffusionGemma GGUF; every check runs before a weight is allocated."""
     path = Path(path)
-    place, torch_dtype = resolve(device, dtype)
+    host, device = machine.on_device(device)
+    chosen = resolve_dtype(dtype)
     g = gguf_file.read(path)
     config = gguf_config.model_config(g)
     tokenizer = gguf_config.tokenizer(g)
     check_template(tokenizer, tokenizer, str(path))
     model = skeleton(config)
     plan = tensor_plan(g, model)
+    place, torch_dtype = gguf_plan.place(plan, config, device, chosen, host)
     filler = _Filler(model, plan, torch_dtype, place, should_cancel)
     filler.fill(owners(model))
+    hold_in_forward(model, [model.model.decoder.embed_tokens.gguf])  # one dequantization of it per step
     model.to(place)
     model.eval()
     model.generation_config = gguf_config.generation_config(g)

@@ -3,6 +3,11 @@
 The blocks live in one `GGUFWeight` module per GGUF tensor. Where the checkpoint ties a weight (the encoder
 and the decoder share every layer weight; the output head is the token embedding), the modules share that
 one `GGUFWeight`, so moving the model moves each block tensor once and holds it once.
+
+A weight read several times in one forward is dequantized once: while a scope is open (`hold_in_forward`)
+its first dense result is kept and handed out again. The token embedding's scope is the model's forward
+(the self-conditioning reads it twice, the output head once: one dequantization per step); the experts'
+is their own module's forward, so at most one layer's experts are dense at a time.
 """
 
 from __future__ import annotations
@@ -23,10 +28,25 @@ class GGUFWeight(nn.Module):
         super().__init__()
         self.register_buffer("blocks", blocks)
         self.qtype, self.shape, self.gguf_name = qtype, tuple(shape), name
+        self.scopes, self.held = 0, None  # open scopes; the dense tensor kept while one is open
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        held = self.held
+        if held is not None and held.dtype == dtype and held.device == self.blocks.device:
+            return held
         row = self.shape[-1] * 4
-        return dequantize(self.blocks, self.qtype, self.shape, dtype, chunk_rows=max(1, CHUNK_BYTES // row))
+        out = dequantize(self.blocks, self.qtype, self.shape, dtype, chunk_rows=max(1, CHUNK_BYTES // row))
+        if self.scopes:
+            self.held = out
+        return out
+
+    def open_scope(self) -> None:
+        self.scopes += 1
+
+    def close_scope(self) -> None:
+        self.scopes = max(0, self.scopes - 1)
+        if not self.scopes:
+            self.held = None
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of a 2-D weight: each row is whole blocks, so only those rows are dequantized."""
@@ -101,6 +121,22 @@ def make_experts(module: nn.Module, gate_up: GGUFWeight, down: GGUFWeight) -> No
         del module._parameters[name]
     module.__class__ = mixed(type(module), GGUFExperts)
     module.gguf_gate_up, module.gguf_down = gate_up, down
+    hold_in_forward(module, [gate_up, down])
+
+
+def hold_in_forward(module: nn.Module, weights: list[GGUFWeight]) -> None:
+    """Keep each of `weights` dequantized once for the length of each `module` forward (a raised
+    exception closes the scope too)."""
+    def opened(*_):
+        for w in weights:
+            w.open_scope()
+
+    def closed(*_):
+        for w in weights:
+            w.close_scope()
+
+    module.register_forward_pre_hook(opened)
+    module.register_forward_hook(closed, always_call=True)
 
 
 def held_bytes(model: nn.Module) -> int:

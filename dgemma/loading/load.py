@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -13,7 +12,7 @@ from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fing
 from ..payloads import DGemmaModel
 from . import deviceplan, machine, patches, patching, preflight, quant_at_load
 from .identity import checkpoint_identity
-from .load_options import resolve_device, resolve_dtype
+from .load_options import resolve_dtype
 from .quant import MADE_AT_LOAD, after_load, check_packed, check_quant, model_class, quant_method, shared_copy_bytes
 from .quant_at_load import quantization_config
 from .weightquant import has_bitsandbytes
@@ -171,27 +170,10 @@ def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device
             for q in MADE_AT_LOAD}
     needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made)
     own = (stored_mode,) if stored_mode == "autoround" else ("none", *(MADE_AT_LOAD if has_bitsandbytes() else ()))
-    figures = _room(host, device, needs[quant if quant != "auto" else own[0]].peak)
+    figures = host.room(device, needs[quant if quant != "auto" else own[0]].peak)
     if quant == "auto":
         return machine.bind(deviceplan.choose(needs, own, device, **figures), host.accelerator)
     return machine.bind(deviceplan.plan(needs[quant], device, quant=quant, others=needs, **figures), host.accelerator)
-
-
-def _room(host: machine.Machine, device: str, peak: int) -> dict:
-    """The host's figures, after it freed room on its GPU for `peak` bytes (at most the card) when one is used."""
-    gpu = host.gpu()
-    if gpu is not None and device != "cpu":
-        host.make_room(min(peak + deviceplan.CUDA_RESERVE, host.total(gpu)), gpu)
-    return host.figures()
-
-
-def on_device(device: str) -> tuple[machine.Machine, str]:
-    """(the machine to plan on, the device mode auto / cuda / cpu): a device named cuda:N is that accelerator."""
-    resolve_device(device)
-    host = machine.current()
-    if device.startswith("cuda:"):
-        return dataclasses.replace(host, accelerator=device), "cuda"
-    return host, device
 
 
 def is_gguf(source) -> bool:
@@ -226,7 +208,7 @@ def load_model(source: str, quant: str = "none", dtype: str = "auto", device: st
     if is_gguf(source):
         return _load_gguf(source, quant, dtype, device, should_cancel)
     folder = check_source(source)
-    host, device = on_device(device)
+    host, device = machine.on_device(device)
     torch_dtype = resolve_dtype(dtype)
     where = str(folder) if folder else source
     local = local_files_only or folder is not None

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import preflight
+from . import deviceplan, preflight
+from .load_options import resolve_device
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,13 @@ class Machine:
 
     def gpu(self) -> torch.device | None:
         return None if self.accelerator is None else torch.device(self.accelerator)
+
+    def room(self, device: str, peak: int) -> dict:
+        """`figures` after the host freed room on its GPU for `peak` bytes (at most the card), when one is used."""
+        gpu = self.gpu()
+        if gpu is not None and device != "cpu":
+            self.make_room(min(peak + deviceplan.CUDA_RESERVE, self.total(gpu)), gpu)
+        return self.figures()
 
     def figures(self) -> dict:
         """What the device plan reads: free RAM, and the accelerator's free and total memory."""
@@ -71,6 +79,17 @@ def current() -> Machine:
     return _host[0]()
 
 
+def on_device(device: str) -> tuple[Machine, str]:
+    """(the machine to plan on, the device mode auto / cuda / cpu): a device named cuda:N is that accelerator."""
+    from dataclasses import replace
+
+    resolve_device(device)
+    host = current()
+    if device.startswith("cuda:"):
+        return replace(host, accelerator=device), "cuda"
+    return host, device
+
+
 def bind(plan, accelerator: str | None):
     """A plan made for "the GPU" ("cuda", index 0 in its maps) placed on the named accelerator instead."""
     from dataclasses import replace
@@ -88,6 +107,8 @@ def held_bytes(model) -> int:
     weights at their stored size (their bytes are the storage)."""
     storages = {}
     for t in (*model.parameters(), *model.buffers()):
+        if t.is_meta:  # an unloaded model's shell holds nothing
+            continue
         storage = t.untyped_storage()
         storages[(t.device, storage.data_ptr())] = storage.nbytes()
     return sum(storages.values())

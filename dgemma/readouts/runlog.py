@@ -77,7 +77,7 @@ def records(trace, config, state, frames_text) -> list[dict]:
     header = {
         "record_type": "header", "schema": SCHEMA, "pack_version": pack_version(), "run_id": trace.run_id,
         "timestamp_utc": datetime.now(timezone.utc).isoformat(), "prompt": config.prompt,
-        "model_source": config.model_source, "seed": knob("seed"),
+        "model_source": config.model_source, "model_defaults": config.model_defaults, "seed": knob("seed"),
         "num_inference_steps_requested": knob("num_inference_steps"),
         "num_inference_steps_effective": known(trace, "steps", trace.steps_per_block),
         "gen_length": knob("gen_length"), "t_min": knob("t_min"), "t_max": knob("t_max"),
