@@ -8,7 +8,7 @@ from functools import cached_property
 from .errors import InputError
 from .inputs.knobs import Knobs
 from .paths import shown_path
-from .readings import knob_not_sent
+from .readings import knob_not_sent, percent
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,7 +205,7 @@ class RunConfig:
 def _decided(decision: dict | None) -> list[str]:
     if decision is None:
         return []
-    read = " · ".join(f"{o} {v['mean']:.1%}" for o, v in decision["probabilities"].items())
+    read = " · ".join(f"{o} {percent(v['mean'])}" for o, v in decision["probabilities"].items())
     return [f"decision: {_quote(decision['choice'])} over {decision['samples']} noise draw(s): {read}"]
 
 
