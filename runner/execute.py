@@ -36,6 +36,14 @@ def _calls(cls, kwargs: dict, listed: dict) -> list[dict]:
     return [{n: (v[min(i, len(v) - 1)] if listed[n] else v) for n, v in kwargs.items()} for i in range(count)]
 
 
+class NodeFailed(Exception):
+    """A node raised while the graph ran: which node, and its error (the command line prints both)."""
+
+    def __init__(self, node_id: str, class_type: str, error: Exception):
+        super().__init__(f"node {node_id} ({class_type}): {error}")
+        self.node_id, self.class_type, self.error = node_id, class_type, error
+
+
 def run_graph(graph: dict) -> dict:
     """Execute the output nodes of `graph` and their ancestors; returns {node id: ui dict}. The graph is
     stamped with what it reads, as ComfyUI's server stamps a queued prompt (nodes/wiring.py)."""
@@ -62,7 +70,10 @@ def _run(graph: dict) -> dict:
             else:
                 kwargs[name], listed[name] = value, False
         hidden = hidden_values(cls, node_id, graph)
-        outs = [call_node(cls, c, hidden) for c in _calls(cls, kwargs, listed)]
+        try:
+            outs = [call_node(cls, c, hidden) for c in _calls(cls, kwargs, listed)]
+        except Exception as err:
+            raise NodeFailed(node_id, node["class_type"], err) from err
         memory.node_finished(node_id)  # after every list item, as ComfyUI's progress registry tells it
         out_list = getattr(cls, "OUTPUT_IS_LIST", (False,) * len(cls.RETURN_TYPES))
         results[node_id] = outs[0][0] if len(outs) == 1 else tuple(zip(*(o[0] for o in outs)))
