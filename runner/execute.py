@@ -54,6 +54,13 @@ def run_graph(graph: dict) -> dict:
         return _run(graph)
 
 
+def _call_all(node_id: str, class_type: str, cls, kwargs: dict, listed: dict, hidden: dict) -> list:
+    try:
+        return [call_node(cls, c, hidden) for c in _calls(cls, kwargs, listed)]
+    except Exception as err:
+        raise NodeFailed(node_id, class_type, err) from err
+
+
 def _run(graph: dict) -> dict:
     results, is_list, uis = {}, {}, {}
     for node_id in execution_order(graph, CLASSES):
@@ -70,10 +77,7 @@ def _run(graph: dict) -> dict:
             else:
                 kwargs[name], listed[name] = value, False
         hidden = hidden_values(cls, node_id, graph)
-        try:
-            outs = [call_node(cls, c, hidden) for c in _calls(cls, kwargs, listed)]
-        except Exception as err:
-            raise NodeFailed(node_id, node["class_type"], err) from err
+        outs = _call_all(node_id, node["class_type"], cls, kwargs, listed, hidden)
         memory.node_finished(node_id)  # after every list item, as ComfyUI's progress registry tells it
         out_list = getattr(cls, "OUTPUT_IS_LIST", (False,) * len(cls.RETURN_TYPES))
         results[node_id] = outs[0][0] if len(outs) == 1 else tuple(zip(*(o[0] for o in outs)))
