@@ -85,7 +85,7 @@ class CanvasTrace:
         return "\n".join([f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
                            f"{self.canvas_length} {unit} · {self.scheduler_name}",
                            f"last step: {committed} committed, mean entropy {entropy}", self.stop_readout(), *extra,
-                           "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer"])
+                           "wire it to Trace Heatmap (DGemmaTrace), or to the Run Log Writer"])
 
     def stop_readout(self) -> str:
         """How many blocks the adaptive stop ended, and, when none, the scheduler's own word on why."""
