@@ -110,11 +110,13 @@ class StepStream:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
         return f"{Caption.live(frame, self.blocks, self.steps, self.readings).text()}\n{text}"
 
-    def done_text(self, steps_used: int | None, text: str, paused: bool = False, warnings=()) -> str:
+    def done_text(self, steps_used: int | None, text: str, paused: bool = False, warnings=(),
+                  per_forward: float | None = None) -> str:
         if paused:  # the canvas is unfinished: its text is still mostly noise
             return f"paused after {steps_used} steps · canvas_state resumes it in an Advanced sampler"
         answer = text if len(text) <= MAX_PROGRESS_TEXT else text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return f"done · {'?' if steps_used is None else steps_used} steps{warned(warnings)}\n{answer}"
+        rate = "" if per_forward is None else f" · {per_forward:.2f} tokens/forward"
+        return f"done · {'?' if steps_used is None else steps_used} steps{rate}{warned(warnings)}\n{answer}"
 
     def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
         """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""
@@ -186,7 +188,8 @@ class BatchStream:
     def done_text(self, results) -> str:
         if self.items == 1:
             state = results[0].state
-            return self.streams[0].done_text(state.steps_used, results[0].text, state.paused, state.warnings)
+            return self.streams[0].done_text(state.steps_used, results[0].text, state.paused, state.warnings,
+                                             state.tokens_per_forward)
         texts = " | ".join(r.text.replace("\n", " ") for r in results)
         if len(texts) > MAX_PROGRESS_TEXT:
             texts = texts[:MAX_PROGRESS_TEXT - 1] + "…"

@@ -262,7 +262,7 @@ async def complete(request, engine, job, ids):
             choice[EXTENSION] = {**metas[i], "steps": steps[i]}
         choices.append(choice)
     body = {"id": head()["id"], "object": "chat.completion", "created": int(time.time()), "model": engine.model_id,
-            "choices": choices, "usage": usage(prompt_tokens, answers),
+            "choices": choices, "usage": usage(prompt_tokens, answers, [r.state for r in results]),
             TIMINGS: timings(results[0].state, engine.dm.canvas_length, wall)}
     if job.n == 1:
         body[EXTENSION] = {**metas[0], "steps": steps[0]}
@@ -320,7 +320,7 @@ def ending(top: dict, engine, job, run) -> bytes:
             pieces.append(sse(delta(i, {"content": answer.text}, logprobs=answer.logprobs)))
     for i, answer in enumerate(answers):
         pieces.append(sse({**delta(i, {}, answer.finish), EXTENSION: metas[i]}))
-    pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers),  # last, as OpenAI sends it
+    pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers, [r.state for r in results]),
                        TIMINGS: timings(results[0].state, engine.dm.canvas_length, wall)}))
     return b"".join(pieces) + b"data: [DONE]\n\n"
 

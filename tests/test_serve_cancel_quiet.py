@@ -46,3 +46,29 @@ def test_a_cancelled_stream_leaves_no_traceback_on_stderr():
         proc.terminate()
         output = proc.stdout.read()
     assert "never retrieved" not in output and "Traceback" not in output, output[-3000:]
+
+
+def test_usage_says_the_answers_tokens_per_forward(demo_model):
+    from diffusiongemma.dgemma import Knobs
+    from diffusiongemma.dgemma.denoising.run import generate
+
+    body = {"messages": [{"role": "user", "content": "What is 3+4?"}], "seed": 7}
+    local = generate(demo_model, "What is 3+4?", Knobs(seed=7)).state
+    with served() as (url, _):
+        from serve_client import ask
+
+        status, answer, _ = ask(url, "POST", "/v1/chat/completions", body)
+    assert status == 200 and answer["usage"]["tokens_per_forward"] == local.tokens_per_forward
+
+
+def test_turn_closed_by_eos_only_when_an_eos_token_was_seen(demo_model):
+    import dataclasses
+
+    from diffusiongemma.dgemma import Knobs
+    from diffusiongemma.dgemma.denoising.run import generate
+    from diffusiongemma.dgemma.readings import Readings
+
+    state = generate(demo_model, "What is 3+4?", Knobs(seed=7)).state
+    assert state.turn_closed and "turn closed by EOS" in str(state)
+    remote = dataclasses.replace(state, readings=Readings("vllm engine", unknown={"ids": "text only"}))
+    assert "by EOS" not in str(remote) and "no EOS token seen" in str(remote)
