@@ -33,6 +33,7 @@ class Frame:
     stop: np.ndarray        # committed by the adaptive stop, not by the scheduler
     pinned: np.ndarray | None = None  # held by a pin (also counted in `committed`)
     constrained: np.ndarray | None = None  # changed by the constraint from the step's own token
+    total: int | None = None  # the block's step budget as a remote engine's frame says it (None: the plan's)
 
     @functools.cached_property
     def committed_fraction(self) -> float:  # read by the step event and the progress text
