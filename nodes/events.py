@@ -90,7 +90,8 @@ class StepStream:
         state = (str(UNKNOWN) * len(frame.ids) if "committed" in self.unknown else step_states(frame, self.previous))
         event = {
             "node": self.node, "block": frame.block, "step": frame.step, "blocks": self.blocks,
-            "steps": self.steps if self.steps is not None else frame.total, "t": self._known("t", frame.t), "T": self._known("T", frame.temperature),
+            "steps": self.steps if self.steps is not None else frame.total,
+            "t": self._known("t", frame.t), "T": self._known("T", frame.temperature),
             "committed": self._known("committed", frame.committed_fraction),
             "caption": Caption.live(frame, self.blocks, self.steps, self.readings).text(),
             "tokens": self._piece_list(frame.ids),
