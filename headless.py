@@ -14,8 +14,9 @@ from pathlib import Path
 PACK_NAME = "diffusiongemma"
 
 
-def load_pack():
-    """Import the pack (this folder) as the package `diffusiongemma`, once."""
+def load_pack(bare: bool = False):
+    """Import the pack (this folder) as the package `diffusiongemma`, once. `bare` skips its __init__ (the
+    node registry, and with it torch): submitting a graph to a server needs only the runner's client."""
     if PACK_NAME in sys.modules:
         return sys.modules[PACK_NAME]
     root = Path(__file__).resolve().parent
@@ -23,12 +24,13 @@ def load_pack():
                                                   submodule_search_locations=[str(root)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[PACK_NAME] = module
-    spec.loader.exec_module(module)
+    if not bare:
+        spec.loader.exec_module(module)
     return module
 
 
 if __name__ == "__main__":
-    load_pack()
+    load_pack(bare=any(arg == "--server" or arg.startswith("--server=") for arg in sys.argv[1:]))
     from diffusiongemma.runner.cli import main
 
     sys.exit(main())

@@ -8,7 +8,7 @@ from functools import cached_property
 from .errors import InputError
 from .inputs.knobs import Knobs
 from .paths import shown_path
-from .readings import knob_not_sent
+from .readings import knob_not_sent, percent, why_unknown
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,6 +124,14 @@ class CanvasState:
         return self.turn_closed and answered and not self.pins_skipped and not self.blanks_unfilled and satisfied
 
     @property
+    def tokens_per_forward(self) -> float | None:
+        """Answer tokens per decoder forward (one per executed step): the DiffusionGemma report's headline
+        figure, about 20 on the real model; None when the answer's tokens are unknown or no step ran."""
+        if self.answer_tokens is None or not self.steps_used:
+            return None
+        return self.answer_tokens / self.steps_used
+
+    @property
     def warnings(self) -> tuple[str, ...]:
         """Readings that qualify the answer, in words."""
         out = []
@@ -144,13 +152,16 @@ class CanvasState:
 
     def __str__(self) -> str:
         """What a text preview shows: the answer and the readings that qualify it."""
-        closed = "turn closed by EOS" if self.turn_closed else "turn NOT closed: the canvas ran out"
+        closed = ("turn closed by EOS" if self.turn_closed and not why_unknown(self, "ids") else
+                  "turn closed: the engine said it stopped (no EOS token seen)" if self.turn_closed else
+                  "turn NOT closed: the canvas ran out")
         tokens = "answer tokens unknown" if self.answer_tokens is None else f"{self.answer_tokens} tokens"
         committed = "unknown" if self.committed_fraction is None else f"{self.committed_fraction:.0%}"
         lines = [f"answer: {_quote(self.text)} ({tokens}, {closed})",
                  f"finished honestly: {_yes(self.finished_honestly)} · converged: {_yes(self.converged)} · "
                  f"committed at the last step: {committed}",
-                 f"{'unknown' if self.steps_used is None else self.steps_used} steps in {self.blocks} block(s)",
+                 f"{'unknown' if self.steps_used is None else self.steps_used} steps in {self.blocks} block(s) · "
+                 f"{per_forward(self.tokens_per_forward)}",
                  f"thought: {_quote(self.thought) if self.thought is not None else 'none'}"]
         if self.readings is not None:
             lines += self.readings.lines()
@@ -219,10 +230,14 @@ class RunConfig:
         return out if self.readings is None else {**out, "readings": self.readings.asdict()}
 
 
+def per_forward(value: float | None) -> str:
+    return "tokens per forward unknown" if value is None else f"{value:.2f} tokens per forward"
+
+
 def _decided(decision: dict | None) -> list[str]:
     if decision is None:
         return []
-    read = " · ".join(f"{o} {v['mean']:.1%}" for o, v in decision["probabilities"].items())
+    read = " · ".join(f"{o} {percent(v['mean'])}" for o, v in decision["probabilities"].items())
     return [f"decision: {_quote(decision['choice'])} over {decision['samples']} noise draw(s): {read}"]
 
 

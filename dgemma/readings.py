@@ -75,3 +75,18 @@ def knob_not_sent(payload, name: str) -> str | None:
     """Why knob `name` is not the run's setting (it never reached the engine); None: it is."""
     readings = getattr(payload, "readings", None)
     return None if readings is None else readings.knobs_not_sent.get(name)
+
+
+def percent(p: float) -> str:
+    """A probability as a person reads it: one decimal, and the ends said as bounds rather than a rounded
+    0 or 100 (a 1e-15 is "<0.1 %", never "0.0 %" or "1e-15"); JSON keeps the full float."""
+    p = float(p)
+    if p <= 0.0:
+        return "0 %"
+    if p >= 1.0:
+        return "100 %"
+    if p < 0.0005:
+        return "<0.1 %"
+    if p > 0.9995:
+        return ">99.9 %"
+    return f"{100 * p:.1f} %"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio.from_thread
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import ToolAnnotations
@@ -13,6 +15,8 @@ from ..dgemma.denoising.context import encode_context
 from ..dgemma.denoising.decide import KNOB_NAMES, MAX_OPTIONS, MAX_SAMPLES, decide
 from ..dgemma.errors import Cancelled
 from ..dgemma.inputs.knobs import KNOBS, Knobs
+from ..dgemma.readings import percent
+from ..dgemma.readouts.caption import Caption
 from . import inputs
 from .args import IMAGE_HELP, seed_arg
 from .readout import RUNLOG_URI, refusals
@@ -67,7 +71,7 @@ def decide_args() -> list[Arg]:
 def decide_tool(engine) -> Tool:
     args = decide_args()
 
-    async def decide_options(**values) -> DecideOut:
+    async def decide_options(ctx: Context, **values) -> DecideOut:
         """Which option the model answers, and how sure it is: each option's probability as the whole answer, read at
         the start of the answer from the model's logits and normalized over the options, averaged over N noise
         draws (seeds seed, seed+1, ...) with its standard error; the trace follows it over the answer block's steps.
@@ -76,14 +80,23 @@ def decide_tool(engine) -> Tool:
         with refusals():
             picture = inputs.image(v["image"], engine.image_dirs) if v["image"] else None
             knobs = Knobs(**{name: v[name] for name in KNOB_NAMES[1:]}, seed=inputs.seed(v["seed"]))
-        return await in_thread(engine, lambda: _decide(engine, v, knobs, picture))
+        return await in_thread(engine, lambda: _decide(engine, v, knobs, picture, progress(ctx)))
 
     decide_options.__name__ = "decide"
     return make_tool(decide_options, args, DecideOut, ToolAnnotations(
         read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False))
 
 
-def _decide(engine, v: dict, knobs: Knobs, picture) -> DecideOut:
+def progress(ctx: Context):
+    """One notification per chunk of the draws' reads and per step of the answer block (as generate's)."""
+    def report(done: int, total: int, frame) -> None:
+        what = "reading the options on the noise draws" if frame is None else \
+            Caption.live(frame, 1, total - done + frame.step + 1).text()
+        anyio.from_thread.run(ctx.report_progress, done, total, what)
+    return report
+
+
+def _decide(engine, v: dict, knobs: Knobs, picture, on_progress) -> DecideOut:
     with engine.claim("decide") as run:
         dm = engine.model()
         context = engine.context(v["context_handle"]) if v["context_handle"] else None
@@ -91,7 +104,7 @@ def _decide(engine, v: dict, knobs: Knobs, picture) -> DecideOut:
             if v["context"]:
                 context = encode_context(dm, v["context"], onto=context, should_cancel=run.cancel.is_set)
             decision = decide(dm, v["prompt"], v["options"], v["samples"], knobs, context=context, image=picture,
-                              trace=v["trace"], should_cancel=run.cancel.is_set)
+                              trace=v["trace"], should_cancel=run.cancel.is_set, on_progress=on_progress)
         except Cancelled:
             raise ToolError("the decide call was cancelled (cancel_run) before it finished") from None
         if decision.run is not None:
@@ -102,6 +115,7 @@ def _decide(engine, v: dict, knobs: Knobs, picture) -> DecideOut:
 def decide_out(decision) -> DecideOut:
     run_id = decision.run.config.run_id if decision.run is not None else None
     values: dict[str, Any] = decision.asdict()
-    read = " · ".join(f"{o} {p['mean']:.1%}±{p['standard_error']:.1%}" for o, p in values["probabilities"].items())
+    read = " · ".join(f"{o} {percent(p['mean'])} ± {percent(p['standard_error'])}"
+                      for o, p in values["probabilities"].items())
     return DecideOut(**values, run_id=run_id, runlog_uri=RUNLOG_URI.format(run_id=run_id) if run_id else None,
                      message=f"choice {decision.choice!r} over {values['samples']} draw(s): {read}")

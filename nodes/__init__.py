@@ -34,16 +34,17 @@ NODE_CLASS_MAPPINGS = {
 ON_DEMAND_CLASSES = {name: cls for name, cls in NODE_CLASS_MAPPINGS.items() if getattr(cls, "ON_DEMAND", ())}
 host.on_prompt(wiring.on_prompt(ON_DEMAND_CLASSES))
 
+# What each node is, short enough not to wrap in the node library; the category names the pack.
 NODE_DISPLAY_NAME_MAPPINGS = {
-    "DGemmaLoader": "DiffusionGemma Loader",
-    "DGemmaRemoteLoader": "DiffusionGemma Remote Loader",
-    "DGemmaSampler": "DiffusionGemma Sampler",
-    "DGemmaDenoise": "DiffusionGemma Denoise (KV Cache)",
-    "DGemmaSamplerAdvanced": "DiffusionGemma Sampler (Advanced)",
-    "DGemmaEncode": "DiffusionGemma Encode (KV Cache)",
-    "DGemmaTrace": "DiffusionGemma Trace",
-    "DGemmaRunLogWriter": "DiffusionGemma Run Log Writer",
-    "DGemmaPromptList": "DiffusionGemma Prompt List",
-    "DGemmaDecide": "DiffusionGemma Decide",
-    "DGemmaJoinTexts": "DiffusionGemma Join Texts",
+    "DGemmaLoader": "Model Loader",
+    "DGemmaRemoteLoader": "Remote Model Loader",
+    "DGemmaSampler": "Sampler",
+    "DGemmaDenoise": "Denoise (KV Cache)",
+    "DGemmaSamplerAdvanced": "Sampler (Advanced)",
+    "DGemmaEncode": "Encode Context",
+    "DGemmaTrace": "Trace Heatmap",
+    "DGemmaRunLogWriter": "Save Run Log",
+    "DGemmaPromptList": "Prompt List",
+    "DGemmaDecide": "Decide",
+    "DGemmaJoinTexts": "Join Texts",
 }

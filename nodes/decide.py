@@ -18,8 +18,10 @@ from ..dgemma.denoising.decide import (
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.knobs import KNOBS, Knobs
 from ..dgemma.inputs.tokens import frame_texts
+from ..dgemma.readings import percent
 from ..dgemma.readouts.decide_pictures import chart, trace_lines
 from . import host, memory
+from .events import DONE, START, STEP, StepStream
 from .schema import (
     CANVAS_STATE,
     CANVAS_TRACE,
@@ -122,6 +124,59 @@ class DGemmaDecide:
         with comfy_hints():
             req = prepare_decision(model, prompt, options_from_text(options), samples, Knobs(**knobs),
                                    context=kv_cache, image=image)
+        view = DecideView(unique_id, model, prompt, req)
         with memory.running(model, unique_id), comfy_hints():
-            decision = run_decision(req, should_cancel=host.check_interrupt)
+            view.start()
+            try:
+                decision = run_decision(req, should_cancel=host.check_interrupt, on_progress=view.progress)
+            except BaseException as err:
+                view.failed(err)
+                raise
+        view.done(decision)
         return tuple(row.get(model, decision) for row in DECIDE_OUTPUTS)
+
+
+class DecideView:
+    """What a decision shows in ComfyUI as it reads: the progress bar over the draws' canvases and then the
+    answer block's steps, the progress text, and the live view's events of the answer block's run (its
+    canvas as it settles), as the Sampler shows its run."""
+
+    def __init__(self, node_id, model, prompt: str, req):
+        steps = req.request.knobs.num_inference_steps
+        self.reads = req.samples * len(req.plan.rows)
+        self.samples, self.node_id, self.prompt = req.samples, node_id, prompt
+        self.bar, self.note = host.Progress(self.reads + steps, node_id), host.ProgressText(node_id)
+        self.stream = StepStream(str(node_id) if node_id is not None else "", 1, steps, model.canvas_length,
+                                 model.token_strings)
+        self.live = host.live()
+
+    def start(self) -> None:
+        if self.live:
+            host.send(START, self.stream.start(None, {"prompt": self.prompt, "thumbnail": None}))
+
+    def progress(self, done: int, total: int, frame) -> None:
+        self.bar.to(done, total)
+        if not self.live:
+            return
+        if frame is None:
+            drawn = -(-done * self.samples // self.reads)
+            self.note.show(f"reading the options on noise draw {drawn}/{self.samples}", force=done == self.reads)
+            return
+        self.note.show(lambda: self.stream.progress_text(frame))
+        host.send(STEP, self.stream.step(frame))
+
+    def failed(self, err: BaseException) -> None:
+        if self.live:
+            ended = self.stream.failed(err)
+            self.note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
+            host.send(DONE, ended)
+
+    def done(self, decision) -> None:
+        self.bar.to(self.bar.total)
+        if self.live:
+            read = " · ".join(f"{o} {percent(m)}" for o, m in zip(decision.options, decision.mean))
+            text = f"done · choice {decision.choice!r}\n{read}"
+            state = decision.run.state
+            memory.when_returned(self.node_id, lambda: (
+                self.note.show(text, force=True),
+                host.send(DONE, self.stream.done(state.steps_used, decision.run.text))))

@@ -90,7 +90,8 @@ class StepStream:
         state = (str(UNKNOWN) * len(frame.ids) if "committed" in self.unknown else step_states(frame, self.previous))
         event = {
             "node": self.node, "block": frame.block, "step": frame.step, "blocks": self.blocks,
-            "steps": self.steps, "t": self._known("t", frame.t), "T": self._known("T", frame.temperature),
+            "steps": self.steps if self.steps is not None else frame.total,
+            "t": self._known("t", frame.t), "T": self._known("T", frame.temperature),
             "committed": self._known("committed", frame.committed_fraction),
             "caption": Caption.live(frame, self.blocks, self.steps, self.readings).text(),
             "tokens": self._piece_list(frame.ids),
@@ -110,11 +111,13 @@ class StepStream:
             text = text[:MAX_PROGRESS_TEXT - 1] + "…"
         return f"{Caption.live(frame, self.blocks, self.steps, self.readings).text()}\n{text}"
 
-    def done_text(self, steps_used: int | None, text: str, paused: bool = False, warnings=()) -> str:
+    def done_text(self, steps_used: int | None, text: str, paused: bool = False, warnings=(),
+                  per_forward: float | None = None) -> str:
         if paused:  # the canvas is unfinished: its text is still mostly noise
             return f"paused after {steps_used} steps · canvas_state resumes it in an Advanced sampler"
         answer = text if len(text) <= MAX_PROGRESS_TEXT else text[:MAX_PROGRESS_TEXT - 1] + "…"
-        return f"done · {'?' if steps_used is None else steps_used} steps{warned(warnings)}\n{answer}"
+        rate = "" if per_forward is None else f" · {per_forward:.2f} tokens/forward"
+        return f"done · {'?' if steps_used is None else steps_used} steps{rate}{warned(warnings)}\n{answer}"
 
     def done(self, steps_used: int, text: str, paused: bool = False) -> dict:
         """The end of a run; `paused` when it stopped at its end_step with a resumable canvas_state."""
@@ -186,7 +189,8 @@ class BatchStream:
     def done_text(self, results) -> str:
         if self.items == 1:
             state = results[0].state
-            return self.streams[0].done_text(state.steps_used, results[0].text, state.paused, state.warnings)
+            return self.streams[0].done_text(state.steps_used, results[0].text, state.paused, state.warnings,
+                                             state.tokens_per_forward)
         texts = " | ".join(r.text.replace("\n", " ") for r in results)
         if len(texts) > MAX_PROGRESS_TEXT:
             texts = texts[:MAX_PROGRESS_TEXT - 1] + "…"

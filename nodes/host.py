@@ -72,11 +72,17 @@ class Progress:
         self._bar = utils.ProgressBar(total, node_id=node_id) if utils else None
         self.total, self.shown, self.when = total, 0, float("-inf")
 
-    def to(self, value: int) -> None:
+    def to(self, value: int, total: int | None = None) -> None:
+        """Move to `value`; `total` resizes the bar (a run that ends before its budget)."""
         now = time.monotonic()
-        due = value >= self.total or value - self.shown >= self.total / self.moves or now - self.when >= self.every
+        resized = total is not None and total != self.total
+        self.total = total if total is not None else self.total
+        due = resized or value >= self.total or value - self.shown >= self.total / self.moves or \
+            now - self.when >= self.every
         if self._bar is not None and due:
-            self._bar.update_absolute(value)
+            if resized:
+                self._bar.total = self.total
+            self._bar.update_absolute(value, self.total)
             self.shown, self.when = value, now
 
 

@@ -67,6 +67,15 @@ class Remote:
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
+    def _start_hint(self, err: BaseException) -> str:
+        """What to do when nothing listens at the address: start this pack's server there."""
+        if not isinstance(err, ConnectionRefusedError):
+            return ""
+        port = self.parts.port or 80
+        flag = "" if port == 8190 else f" --port {port}"
+        return f"; nothing listens there: start this pack's server with `python -m serve{flag}`, or give the URL " \
+               "of a running one"
+
     def _open(self, method: str, path: str, body, should_cancel, timeout: float):
         """Connect, send and wait for the headers on a helper thread; the connection and a 2xx response."""
         conn, stop = self._connection(CONNECT_TIMEOUT), threading.Event()
@@ -84,7 +93,7 @@ class Remote:
             response = _on_helper(send, conn, stop, should_cancel)
         except (OSError, http.client.HTTPException) as err:
             _close(conn)
-            raise RemoteError(self.redact(f"cannot reach {self.url}{path}: {err}")) from None
+            raise RemoteError(self.redact(f"cannot reach {self.url}{path}: {err}{self._start_hint(err)}")) from None
         try:
             if 300 <= response.status < 400:
                 where = response.getheader("Location", "nowhere")

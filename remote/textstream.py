@@ -135,7 +135,7 @@ class TextStream:
         arrays = (ids, np.full(n, self.committed), np.full(n, NAN, np.float16), np.zeros(n, bool))
         for a in arrays:
             a.setflags(write=False)
-        return Frame(block, step, NAN, NAN, *arrays)
+        return Frame(block, step, NAN, NAN, *arrays, total=self.budget)
 
     def take(self, chunk: dict) -> str:
         """Record the chunk's deltas and numbers; returns the new content it carried."""

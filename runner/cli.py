@@ -8,40 +8,50 @@ import os
 import sys
 from pathlib import Path
 
-from ..nodes import events, host
 from .client import check_server_url, submit
-from .core_nodes import describe
-from .execute import run_graph
+
+# The live view's event names (nodes/events.py), written here so that `--server` imports no torch.
+START, STEP, DONE = "dgemma.start", "dgemma.step", "dgemma.done"
+MAX_ERROR = 400  # characters of a node's error on the command line
 
 DEFAULT_GRAPH = Path(__file__).resolve().parents[1] / "example_workflows" / "api" / "demo_smoke.json"
 
 
 def _print_step(event: str, data: dict) -> None:
     """Each step by its caption (dgemma/readouts/caption.py), the one text every surface shows."""
-    if event == events.START:
-        print(f"  [{data['node']}] up to {data['blocks']} block(s) of up to {data['steps']} steps",
-              file=sys.stderr, flush=True)
-    elif event == events.STEP:
+    if event == START:
+        blocks = "?" if data.get("blocks") is None else data["blocks"]
+        steps = "an unknown number of" if data.get("steps") is None else f"up to {data['steps']}"
+        print(f"  [{data['node']}] up to {blocks} block(s) of {steps} steps", file=sys.stderr, flush=True)
+    elif event == STEP:
         text = "".join(data["tokens"]).replace("\n", "⏎")
         caption = data.get("caption") or f"block {data['block'] + 1} step {data['step'] + 1}"  # an older pack's server
         print(f"  [{data['node']}] {caption} | {text[:60]}", file=sys.stderr, flush=True)
-    elif event == events.DONE:
-        print(f"  [{data['node']}] {data['status']} after {data['steps_used']} steps", file=sys.stderr, flush=True)
+    elif event == DONE:
+        steps = "?" if data.get("steps_used") is None else data["steps_used"]
+        print(f"  [{data['node']}] {data['status']} after {steps} steps", file=sys.stderr, flush=True)
 
 
 def _print_event(event: str, data: dict) -> None:
-    if event in (events.START, events.STEP, events.DONE):
+    if event in (START, STEP, DONE):
         _print_step(event, data)
-    elif event not in ("progress", "progress_state", "status"):
+    elif event == "execution_error":
+        print(f"error: node {data.get('node_id')} ({data.get('node_type')}): "
+              f"{str(data.get('exception_message', '')).strip()[:MAX_ERROR]}", file=sys.stderr, flush=True)
+    elif event not in ("progress", "progress_state", "status", "execution_start", "execution_cached", "executing",
+                       "executed", "execution_success", "progress_text"):
         print(f"  {event}: {json.dumps(data)[:300]}", file=sys.stderr, flush=True)
 
 
 def _report(graph: dict, uis: dict) -> None:
+    describe = None
     for node_id, ui in uis.items():
         title = graph[node_id].get("_meta", {}).get("title")
         print(f"[{node_id}] {graph[node_id]['class_type']}" + (f" ({title})" if title else ""))
         for key, values in ui.items():
             for value in values:
+                if not isinstance(value, str) and describe is None:
+                    from .core_nodes import describe  # only in-process outputs need it (and torch)
                 text = value if isinstance(value, str) else describe(value)
                 print(f"  {key}: " + text.replace("\n", "\n    "))
 
@@ -88,6 +98,14 @@ def main(argv=None) -> int:
         code, outputs = submit(graph, server, args.timeout, _print_event)
         _report(graph, outputs)
         return code
+    return _in_process(graph, args)
+
+
+def _in_process(graph: dict, args) -> int:
+    """Run the graph here; a node's failure is one line with its fix, never a traceback."""
+    from ..nodes import host
+    from .execute import NodeFailed, run_graph
+
     os.environ["DGEMMA_OUTPUT_DIR"] = str(args.out.resolve())
     if args.models_dir is not None:
         if not args.models_dir.is_dir():
@@ -103,11 +121,19 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except NodeFailed as err:
+        print(f"error: {_clip(str(err))}", file=sys.stderr)
+        return 1
     _report(graph, uis)
     if _files(args.out) == before:
         print(f"note: nothing was written to {args.out}: this graph has no node that saves a file (SaveImage, "
               "Video Combine, DGemmaRunLogWriter); its results are the text above", file=sys.stderr)
     return 0
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR else text[:MAX_ERROR - 1] + "…"
 
 
 def _files(folder: Path) -> set:

@@ -110,6 +110,33 @@ def _follow(ws, prompt_id: str, on_event) -> int:
     raise ConnectionError("the server closed the websocket")
 
 
+def refusal_text(reply) -> str:
+    """ComfyUI's refusal of a prompt (its JSON, or any text) as lines a person reads: the prompt's error, then
+    each node's, under the input it names, each said once."""
+    if isinstance(reply, str):
+        try:
+            reply = json.loads(reply)
+        except ValueError:
+            return f"refused: {reply.strip()[:1000]}"
+    if not isinstance(reply, dict):
+        return f"refused: {str(reply)[:1000]}"
+    top = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+    lines = [f"refused: {_said(top) or 'the server refused the prompt'}"]
+    for node_id, node in (reply.get("node_errors") or {}).items():
+        for error in node.get("errors", []) if isinstance(node, dict) else []:
+            name = (error.get("extra_info") or {}).get("input_name")
+            line = f"  node {node_id} ({node.get('class_type', '?')})" + (f" {name}" if name else "") + \
+                f": {_said(error, name)}"
+            if line not in lines:
+                lines.append(line)
+    return "\n".join(lines)
+
+
+def _said(error: dict, name: str | None = None) -> str:
+    message, details = str(error.get("message", "")).strip(), str(error.get("details", "")).strip()
+    return f"{message}: {details}" if details and details != name and details not in message else message
+
+
 def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dict]:
     """Queue `graph`, pass every event of it to `on_event`, return (exit code, history outputs).
 
@@ -130,10 +157,10 @@ def submit(graph: dict, server: str, timeout: float, on_event) -> tuple[int, dic
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 reply = json.load(response)
         except urllib.error.HTTPError as err:
-            print(err.read().decode(errors="replace"), file=sys.stderr)
+            print(refusal_text(err.read().decode(errors="replace")), file=sys.stderr)
             return 2, {}
         if reply.get("node_errors"):
-            print(json.dumps(reply["node_errors"], indent=2), file=sys.stderr)
+            print(refusal_text(reply), file=sys.stderr)
             return 2, {}
         prompt_id = reply["prompt_id"]
         code = _follow(ws, prompt_id, on_event)

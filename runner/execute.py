@@ -36,6 +36,14 @@ def _calls(cls, kwargs: dict, listed: dict) -> list[dict]:
     return [{n: (v[min(i, len(v) - 1)] if listed[n] else v) for n, v in kwargs.items()} for i in range(count)]
 
 
+class NodeFailed(Exception):
+    """A node raised while the graph ran: which node, and its error (the command line prints both)."""
+
+    def __init__(self, node_id: str, class_type: str, error: Exception):
+        super().__init__(f"node {node_id} ({class_type}): {error}")
+        self.node_id, self.class_type, self.error = node_id, class_type, error
+
+
 def run_graph(graph: dict) -> dict:
     """Execute the output nodes of `graph` and their ancestors; returns {node id: ui dict}. The graph is
     stamped with what it reads, as ComfyUI's server stamps a queued prompt (nodes/wiring.py)."""
@@ -44,6 +52,13 @@ def run_graph(graph: dict) -> dict:
     wiring.stamp(graph, ON_DEMAND_CLASSES)
     with memory.reporting_node_ends():
         return _run(graph)
+
+
+def _call_all(node_id: str, class_type: str, cls, kwargs: dict, listed: dict, hidden: dict) -> list:
+    try:
+        return [call_node(cls, c, hidden) for c in _calls(cls, kwargs, listed)]
+    except Exception as err:
+        raise NodeFailed(node_id, class_type, err) from err
 
 
 def _run(graph: dict) -> dict:
@@ -62,7 +77,7 @@ def _run(graph: dict) -> dict:
             else:
                 kwargs[name], listed[name] = value, False
         hidden = hidden_values(cls, node_id, graph)
-        outs = [call_node(cls, c, hidden) for c in _calls(cls, kwargs, listed)]
+        outs = _call_all(node_id, node["class_type"], cls, kwargs, listed, hidden)
         memory.node_finished(node_id)  # after every list item, as ComfyUI's progress registry tells it
         out_list = getattr(cls, "OUTPUT_IS_LIST", (False,) * len(cls.RETURN_TYPES))
         results[node_id] = outs[0][0] if len(outs) == 1 else tuple(zip(*(o[0] for o in outs)))

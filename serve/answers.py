@@ -80,9 +80,14 @@ def answer_of(dm, result, stops=(), top: int | None = None) -> Answer:
     return Answer(text, state.thought, finish, kept + reasoning, reasoning, logprobs)
 
 
-def usage(prompt_tokens: int, answers) -> dict:
-    """OpenAI's usage: the prompt once, every choice's completion."""
+def usage(prompt_tokens: int, answers, states=()) -> dict:
+    """OpenAI's usage: the prompt once, every choice's completion; with the runs' `states`, the answer tokens per
+    decoder forward over all choices (the DiffusionGemma report's headline figure)."""
     completion = sum(a.completion_tokens for a in answers)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "completion_tokens_details": {"reasoning_tokens": sum(a.reasoning_tokens for a in answers)}}
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+           "total_tokens": prompt_tokens + completion,
+           "completion_tokens_details": {"reasoning_tokens": sum(a.reasoning_tokens for a in answers)}}
+    forwards = sum(s.steps_used or 0 for s in states)
+    if states and forwards and all(s.answer_tokens is not None for s in states):
+        out["tokens_per_forward"] = sum(s.answer_tokens for s in states) / forwards
+    return out

@@ -155,13 +155,56 @@ async def decide(request):
                            image=job.image)  # refused here, before the queue
     if not engine.admit():
         return busy(engine)
+    loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), Cancel(request)
+    report = None
+    if job.stream:
+        report = lambda done, total, frame: loop.call_soon_threadsafe(queue.put_nowait, sse(
+            {"object": "dgemma.decide.progress", "done": done, "total": total,
+             "step": None if frame is None else step_json(frame)}))
     try:
-        decision = await asyncio.get_running_loop().run_in_executor(
-            engine.worker, lambda: run_decision(req, trace=job.trace, should_cancel=Cancel(request)))
+        run = loop.run_in_executor(engine.worker, lambda: run_decision(
+            req, trace=job.trace, should_cancel=cancel, on_progress=report))
+        if job.stream:
+            return await decide_stream(request, run, queue, cancel)
+        decision = await run
     finally:
         engine.release()
-    run_id = decision.run.config.run_id if decision.run is not None else None
-    return web.json_response({**decision.asdict(), "run_id": run_id})
+    return web.json_response(decided(decision))
+
+
+def decided(decision) -> dict:
+    return {**decision.asdict(), "run_id": decision.run.config.run_id if decision.run is not None else None}
+
+
+async def decide_stream(request, run, queue, cancel):
+    """The decision's progress as server-sent events, then the decision (or the error that ended it)."""
+    run.add_done_callback(lambda _: queue.put_nowait(None))
+    retrieved(run)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+        item = await queue.get()
+        while item is not None:
+            await response.write(item)
+            item = await queue.get()
+        if run.exception() is not None:
+            err = run.exception()
+            await response.write(sse({"error": {"message": clip(str(err)), "type": type(err).__name__}}))
+        else:
+            await response.write(sse({"object": "dgemma.decide", **decided(run.result())}))
+        await response.write(b"data: [DONE]\n\n")
+    except ConnectionError:
+        cancel.event.set()
+    except asyncio.CancelledError:
+        cancel.event.set()
+        raise
+    return response
+
+
+def retrieved(future) -> None:
+    """Mark the run's exception as seen once it ends: a client that went away (a cancelled run) never reads
+    it, and asyncio would print "Future exception was never retrieved" with its traceback."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 async def contexts(request):
@@ -219,7 +262,7 @@ async def complete(request, engine, job, ids):
             choice[EXTENSION] = {**metas[i], "steps": steps[i]}
         choices.append(choice)
     body = {"id": head()["id"], "object": "chat.completion", "created": int(time.time()), "model": engine.model_id,
-            "choices": choices, "usage": usage(prompt_tokens, answers),
+            "choices": choices, "usage": usage(prompt_tokens, answers, [r.state for r in results]),
             TIMINGS: timings(results[0].state, engine.dm.canvas_length, wall)}
     if job.n == 1:
         body[EXTENSION] = {**metas[0], "steps": steps[0]}
@@ -235,6 +278,7 @@ async def stream(request, engine, job, ids):
     on_frame = lambda index, frame: loop.call_soon_threadsafe(queue.put_nowait, chunk(index, frame))
     run = loop.run_in_executor(engine.worker, engine.run, job, ids, on_frame, cancel)
     run.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+    retrieved(run)
     first = await queue.get()
     if first is None and run.exception() is not None:
         raise run.exception()  # refused before any step: a plain 4xx (an InputError) or a 500
@@ -276,7 +320,7 @@ def ending(top: dict, engine, job, run) -> bytes:
             pieces.append(sse(delta(i, {"content": answer.text}, logprobs=answer.logprobs)))
     for i, answer in enumerate(answers):
         pieces.append(sse({**delta(i, {}, answer.finish), EXTENSION: metas[i]}))
-    pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers),  # last, as OpenAI sends it
+    pieces.append(sse({**top, "choices": [], "usage": usage(prompt_tokens, answers, [r.state for r in results]),
                        TIMINGS: timings(results[0].state, engine.dm.canvas_length, wall)}))
     return b"".join(pieces) + b"data: [DONE]\n\n"
 

@@ -2,8 +2,10 @@
 
 Body: {"prompt": str, "options": [str, ...], "samples": int, "knobs": {seed, num_inference_steps, t_min,
 t_max, entropy_bound, confidence}, "context": handle, "image": {"shape", "data"} or a data: URL, "trace":
-bool}. The answer is the decision's own JSON (what the MCP tool and the node give for the same seed)
-and the run id of the answer block's run.
+bool, "stream": bool}. The answer is the decision's own JSON (what the MCP tool and the node give for the
+same seed) and the run id of the answer block's run. With "stream" it comes as server-sent events: one
+`dgemma.decide.progress` per chunk of the draws' reads and per step of the answer block (`done`, `total`,
+and the step's frame as the chat stream sends it), then the decision (`dgemma.decide`), then [DONE].
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ..dgemma.inputs.knobs import Knobs
 from .messages import MAX_PROMPT_CHARS
 from .requests import image_tensor, url_images
 
-FIELDS = ("prompt", "options", "samples", "knobs", "context", "image", "trace")
+FIELDS = ("prompt", "options", "samples", "knobs", "context", "image", "trace", "stream")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class DecideJob:
     context: object = None
     image: object = None
     trace: bool = True
+    stream: bool = False
 
 
 def _need(cond: bool, name: str, message: str) -> None:
@@ -52,10 +55,13 @@ def job_of(body, contexts) -> DecideJob:
                               "(the answer slot is one canvas, thinking off)" if extra else "")
     trace = body.get("trace", True)
     _need(isinstance(trace, bool), "trace", f"trace must be true or false, got {trace!r}")
+    stream = body.get("stream", False)
+    _need(isinstance(stream, bool), "stream", f"stream must be true or false, got {stream!r}")
     image = body.get("image")
     if isinstance(image, str):
         image = url_images([{"url": image}])
     elif image is not None:
         image = image_tensor(image)
     context = contexts.get("context", body["context"]) if body.get("context") is not None else None
-    return DecideJob(prompt, body.get("options"), body.get("samples", 8), Knobs(**knobs), context, image, trace)
+    return DecideJob(prompt, body.get("options"), body.get("samples", 8), Knobs(**knobs), context, image, trace,
+                     stream)

@@ -57,7 +57,7 @@ def installed(tmp_path):
             self.total = total
 
         def update_absolute(self, value, total=None, preview=None):
-            rec.progress.append((value, self.total))
+            rec.progress.append((value, total or self.total))
 
     def throw_exception_if_processing_interrupted():
         if rec.interrupt:

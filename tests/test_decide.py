@@ -131,7 +131,7 @@ def test_the_node_reads_a_picture_and_feeds_the_run_log_writer(demo_model, tmp_p
     engine = decide(demo_model, "What colour is this?", ["red", "green", "blue", "yellow"], samples=3,
                     knobs=Knobs(seed=0), image=colour_image("green", 64, 64))
     assert choice == "green" and json.loads(probabilities) == engine.asdict()["probabilities"]
-    assert chart.shape[0] == trace.shape[0] == 1 and chart.shape[2] == trace.shape[2] == 576
+    assert chart.shape[0] == trace.shape[0] == 1 and chart.shape[2] == trace.shape[2] == 400
     assert state.text == "green" and len(frames) == len(canvas_trace) == len(engine.trace)
     (path,), _ = call(NODE_CLASS_MAPPINGS["DGemmaRunLogWriter"], canvas_trace=canvas_trace, run_config=config,
                       frames=frames, canvas_state=state, filename_prefix="decide")

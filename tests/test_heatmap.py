@@ -83,3 +83,23 @@ def test_this_run_scale_spreads_a_confident_runs_small_entropies_and_says_so():
     assert "this run's own range" in text and "0..0.04 nats" in text
     with pytest.raises(ValueError, match="scale must be"):
         hm.heatmap(trace, "entropy", 1, "log")
+
+
+def test_a_long_run_wraps_into_bands_side_by_side():
+    """600 steps of a 32-position canvas was a 1-pixel-wide sliver in a preview: it now wraps into bands, the
+    rows in order, each band top to bottom, with no more than half again as tall as wide."""
+    rng = np.random.default_rng(0)
+    accepted = rng.random((600, 32)) < 0.5
+    trace = trace_of(accepted, blocks=[0] * 600, stopped=(False,))
+    image = hm.heatmap(trace, "commit", 1)[0]
+    tall, wide = image.shape[:2]
+    assert tall <= hm.WRAP_ASPECT * wide and tall * wide >= 600 * 32
+    bands = hm.band_count(600, 32)
+    assert bands > 1 and f"{bands} bands side by side" in hm.summary(trace)
+    plain = hm.grid(trace, "commit")
+    for b in range(bands):
+        x = b * (32 + hm.BAND_GAP)
+        rows = plain[b * tall:(b + 1) * tall]
+        assert np.array_equal(np.rint(image[:len(rows), x:x + 32] * 255).astype(np.uint8), rows)
+    short = trace_of(MASK, blocks=BLOCKS)
+    assert hm.band_count(6, 4) == 1 and np.array_equal(hm.wrapped(hm.grid(short, "commit")), hm.grid(short, "commit"))

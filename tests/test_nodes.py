@@ -264,3 +264,11 @@ def test_run_log_writer_writes_into_the_output_folder(tmp_path, demo):
     assert path.startswith(str(comfy.output_dir / "runs" / "dgemma_00001"))
     rows = [json.loads(line) for line in open(path, encoding="utf-8")]
     assert rows[0]["record_type"] == "header" and rows[-1]["text"] == "six"
+
+
+def test_display_names_are_short_and_say_what_the_node_is():
+    """The node library shows them in a narrow column: short enough not to wrap, and not the pack's name again
+    (the category says it)."""
+    for name, shown in NODE_DISPLAY_NAME_MAPPINGS.items():
+        assert len(shown) <= 20 and "Gemma" not in shown, (name, shown)
+    assert len(set(NODE_DISPLAY_NAME_MAPPINGS.values())) == len(NODE_DISPLAY_NAME_MAPPINGS)

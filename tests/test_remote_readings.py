@@ -125,7 +125,9 @@ def test_the_live_view_captions_heatmaps_and_summary_say_unknown(real_shim):
     assert start["steps"] is None and start["canvas_length"] is None and "committed" in start["unknown"]
     assert len(steps) == 18 and all(s["state"] == "5" * len(s["tokens"]) for s in steps)
     assert all(s["t"] is s["T"] is s["committed"] is None for s in steps)
-    assert steps[0]["caption"] == "block 1/≤1  step 1/≤?  T ?  committed ?  argmax canvas"
+    # the step budget the shim's frames carry (the GGUF's 48), never a local default
+    assert steps[0]["caption"] == "block 1/≤1  step 1/≤48  T ?  committed ?  argmax canvas"
+    assert all(s["steps"] == 48 for s in steps)
     for mode in ("commit", "entropy"):
         (picture, summary), _ = call(Trace, canvas_trace=trace, mode=mode, cell_px=1)
         cells = np.rint(picture[0].numpy() * 255).astype(np.uint8)

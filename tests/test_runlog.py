@@ -19,7 +19,7 @@ HEADER = {"record_type", "schema", "pack_version", "run_id", "timestamp_utc", "p
 FRAME = {"record_type", "block", "step", "t", "temperature", "committed_fraction", "entropy_summary",
          "decoded_text", "canvas_ids", "accepted", "stop_committed", "tokens", "knob_set"}
 FINAL = {"record_type", "raw_ids", "steps_used", "text", "converged", "committed_fraction", "turn_closed",
-         "answer_tokens", "thought", "stray_thought_delimiter", "finished_honestly", "paused",
+         "answer_tokens", "tokens_per_forward", "thought", "stray_thought_delimiter", "finished_honestly", "paused",
          "pins_applied", "pins_skipped", "blanks_unfilled", "warnings", "constraint"}
 
 
@@ -75,3 +75,16 @@ def test_frames_must_belong_to_the_trace(run):
     steps = len(result.trace)
     with pytest.raises(ValueError, match=f"frames has {steps - 1} entries but the trace has {steps} steps; give the"):
         records(result.trace, result.config, result.state, frames[:-1])
+
+
+def test_tokens_per_forward_is_the_answer_over_the_steps(run):
+    """The DiffusionGemma report's headline figure, in the run log, the readout's text and the node's last line."""
+    from diffusiongemma.nodes.events import StepStream
+
+    result, frames = run
+    state = result.state
+    final = records(result.trace, result.config, state, frames)[-1]
+    assert final["tokens_per_forward"] == state.answer_tokens / state.steps_used == state.tokens_per_forward
+    assert f"{state.tokens_per_forward:.2f} tokens per forward" in str(state)
+    done = StepStream("1", 1, 48, 32, ()).done_text(state.steps_used, state.text, per_forward=state.tokens_per_forward)
+    assert done.splitlines()[0].endswith(f"{state.tokens_per_forward:.2f} tokens/forward")

@@ -4,7 +4,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { ROW_PX, createCanvasView } from "./canvas_view.js";
 
-const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise", "DGemmaSamplerAdvanced"]);
+const NODE_CLASSES = new Set(["DGemmaSampler", "DGemmaDenoise", "DGemmaSamplerAdvanced", "DGemmaDecide"]);
 const WIDGET = "dgemma_live_view";
 const views = new WeakMap(); // LGraphNode -> canvas view
 // The last run per node, kept across workflow tab switches (the frontend makes new nodes on each).

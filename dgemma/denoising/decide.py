@@ -125,8 +125,8 @@ def read_plan(ids: list[tuple[int, ...]], end: int) -> ReadPlan:
 class Reader:
     """Decoder forwards of many canvases over one prefilled cache, several at a time, read where the plan asks."""
 
-    def __init__(self, decoder: BlockDecoder, should_cancel=None):
-        self.decoder, self.should_cancel = decoder, should_cancel
+    def __init__(self, decoder: BlockDecoder, should_cancel=None, on_read=None):
+        self.decoder, self.should_cancel, self.on_read = decoder, should_cancel, on_read
         # From the model alone, so the same canvases share a forward (and round alike) on every caller.
         self.rows = max(1, min(ROWS, LOGITS_BYTES // (decoder.L * decoder.vocab * 4)))
         self._views: dict[int, tuple] = {}
@@ -171,6 +171,8 @@ class Reader:
         jobs = [(d, r) for d in range(len(bases)) for r in range(len(plan.rows))]
         for lo in range(0, len(jobs), self.rows):
             values.update(self._read(plan, bases, jobs[lo:lo + self.rows], wanted, self_cond))
+            if self.on_read is not None:
+                self.on_read(min(lo + self.rows, len(jobs)), len(jobs))
         scores = np.array([[sum(values[(d, r, pos, t)] for r, pos, t in factors) for factors in plan.terms]
                            for d in range(len(bases))], np.float64)
         scores -= scores.max(axis=1, keepdims=True)
@@ -265,22 +267,31 @@ def draw(dm, seed: int, device):
 
 
 def decide(dm, prompt: str, options, samples: int = 8, knobs: Knobs = Knobs(), *, context=None, image=None,
-           trace: bool = True, should_cancel=None) -> Decision:
+           trace: bool = True, should_cancel=None, on_progress=None) -> Decision:
     """Each option's probability as the answer to `prompt`, over `samples` noise draws from `knobs.seed`.
 
     With `trace`, the answer block also runs as a normal denoising run with these knobs, reading the
     options' probabilities before every step; that run comes back in `Decision.run`.
     """
     req = prepare_decision(dm, prompt, options, samples, knobs, context=context, image=image)
-    return run_decision(req, trace=trace, should_cancel=should_cancel)
+    return run_decision(req, trace=trace, should_cancel=should_cancel, on_progress=on_progress)
 
 
-def run_decision(req: DecideRequest, *, trace: bool = True, should_cancel=None) -> Decision:
+def run_decision(req: DecideRequest, *, trace: bool = True, should_cancel=None, on_progress=None) -> Decision:
+    """Read the draws, then (with `trace`) run the answer block reading before each step.
+
+    `on_progress(done, total, frame)` reports each chunk of the draws' canvases (frame None) and each step
+    of the answer block's run (its frame). The units are canvases read, then steps; the total counts the
+    step budget until the block ends, then the steps it took, so a bar ends full.
+    """
     dm, seed = req.request.dm, req.request.knobs.seed
+    reads = req.samples * len(req.plan.rows)
+    steps = req.request.knobs.num_inference_steps if trace else 0
+    report = (lambda done, _total: on_progress(done, reads + steps, None)) if on_progress is not None else None
     with compute_threads(dm.model):
         decoder = BlockDecoder(dm.model, fresh_start(req.request).cache)
         decoder.enter_block()
-        reader = Reader(decoder, should_cancel)
+        reader = Reader(decoder, should_cancel, report)
         bases = [draw(dm, seed + i, decoder.device) for i in range(req.samples)]
         per_sample = reader.probabilities(req.plan, bases)
     decision = Decision(req.options, per_sample, seed, reader.canvases // req.samples)
@@ -292,7 +303,11 @@ def run_decision(req: DecideRequest, *, trace: bool = True, should_cancel=None) 
         step = Reader(lane.decoder, should_cancel)
         rows.append(step.probabilities(req.plan, [lane.canvas], lane.self_cond)[0])
 
-    result = run_watched(req.request, read)
+    def on_frame(frame) -> None:
+        ended = bool(frame.stop.any()) or frame.step + 1 >= steps
+        on_progress(reads + frame.step + 1, reads + (frame.step + 1 if ended else steps), frame)
+
+    result = run_watched(req.request, read, on_frame=on_frame if on_progress is not None else None)
     decision = dataclasses.replace(decision, trace=np.array(rows, np.float64).reshape(-1, len(req.options)))
     config = dataclasses.replace(result.config, decision=decision.asdict())
     return dataclasses.replace(decision, run=dataclasses.replace(result, config=config))

@@ -201,10 +201,12 @@ def run(req: Request, *, on_frame: Callable[[Frame], None] | None = None,
     return run_batch([req], on_frame=report, should_cancel=should_cancel)[0]
 
 
-def run_watched(req: Request, watch: Callable[[object], None]) -> RunResult:
+def run_watched(req: Request, watch: Callable[[object], None],
+                on_frame: Callable[[Frame], None] | None = None) -> RunResult:
     """Run a prepared request alone, calling `watch(lane)` before each step's decoder forward: the lane's
-    canvas and self-conditioning are then that step's input (the options' reads of a decision use them)."""
-    item = _launch(req, None)
+    canvas and self-conditioning are then that step's input (the options' reads of a decision use them);
+    `on_frame(frame)` reports each step."""
+    item = _launch(req, on_frame)
     if item.lane is not None:
         _watched(req.dm.model, item.lane, watch)
     return _result(item)

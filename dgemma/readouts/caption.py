@@ -29,6 +29,9 @@ class Caption:
 
     @classmethod
     def live(cls, frame, blocks: int | None, steps: int | None, readings=None) -> Caption:
+        """A step while the run goes; where the plan does not know the steps, the total the frame carries
+        (a remote engine's), else unknown: never a local default."""
+        steps = steps if steps is not None else getattr(frame, "total", None)
         of = _Of(readings)
         return cls(frame.block, blocks, of.known("steps", frame.step), steps, of.known("T", frame.temperature),
                    of.known("committed", frame.committed_fraction), False, readings.canvas if readings else "")

@@ -24,6 +24,7 @@ CELL_PX_DEFAULT, CELL_PX_MAX = 6, 32
 ENTROPY_CAP = math.log(262_144)  # nats: a uniform distribution over the real vocabulary
 
 SEPARATOR = (230, 40, 160)
+PAD = (40, 40, 40)  # cells past the last step in a wrapped heatmap's last band
 # Dark blue through teal and green to yellow, sampled evenly along the entropy scale.
 RAMP = np.array([(13, 8, 135), (40, 60, 160), (33, 125, 160), (40, 170, 130), (120, 205, 75),
                  (250, 230, 35)], np.float32)
@@ -100,10 +101,42 @@ def grid(trace, mode: str, scale: str = "fixed") -> np.ndarray:
     return np.concatenate(rows)
 
 
+WRAP_AFTER = 4      # a grid more than this many times taller than wide is wrapped into side-by-side bands
+WRAP_ASPECT = 1.5   # and then into as few bands as keep it at most this much taller than wide
+BAND_GAP = 2        # columns of separator between bands, at one pixel per cell
+
+
+def band_count(rows: int, width: int) -> int:
+    """Bands a grid of `rows` x `width` cells wraps into: 1 unless it is over WRAP_AFTER times taller than wide."""
+    if rows <= WRAP_AFTER * width:
+        return 1
+    bands = 2
+    while -(-rows // bands) > WRAP_ASPECT * (bands * width + (bands - 1) * BAND_GAP):
+        bands += 1
+    return bands
+
+
+def wrapped(g: np.ndarray) -> np.ndarray:
+    """A long run's grid (thousands of steps of a narrow canvas is a sliver in a preview) as bands of rows
+    laid side by side, read left to right, each band top to bottom; a short run's grid as it is."""
+    rows, width = g.shape[:2]
+    bands = band_count(rows, width)
+    if bands == 1:
+        return g
+    tall = -(-rows // bands)
+    padded = np.concatenate([g, np.full((bands * tall - rows, width, 3), PAD, np.uint8)])
+    gap = np.full((tall, BAND_GAP, 3), SEPARATOR, np.uint8)
+    parts = []
+    for b in range(bands):
+        parts += ([gap] if b else []) + [padded[b * tall:(b + 1) * tall]]
+    return np.concatenate(parts, axis=1)
+
+
 def heatmap(trace, mode: str = MODES[0], cell_px: int = CELL_PX_DEFAULT, scale: str = "fixed") -> np.ndarray:
-    """ComfyUI IMAGE layout: float32 (1, H, W, 3) in 0..1, each cell cell_px square."""
+    """ComfyUI IMAGE layout: float32 (1, H, W, 3) in 0..1, each cell cell_px square; a long run wraps into
+    bands side by side (`wrapped`)."""
     check_inputs(mode, cell_px, trace, scale)
-    g = grid(trace, mode, scale)
+    g = wrapped(grid(trace, mode, scale))
     g = np.repeat(np.repeat(g, cell_px, axis=0), cell_px, axis=1)
     return np.divide(g, np.float32(255.0), dtype=np.float32)[None]
 
@@ -133,6 +166,10 @@ def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
     lines.append("layout: one row per executed step, top to bottom, all blocks stacked; a magenta row "
                  f"separates blocks; one column per {'word piece' if why_unknown(trace, 'ids') else 'canvas position'}"
                  ", left to right")
+    bands = band_count(len(trace) + trace.num_blocks - 1 if len(trace) else 1, trace.canvas_length)
+    if bands > 1:
+        lines.append(f"wrapped: the rows run in {bands} bands side by side (a magenta gap between them), read "
+                     "left to right, each top to bottom, so a long run stays readable")
     lines += _legend(trace, mode, scale)
     if trace.readings is not None:
         lines += trace.readings.lines()

@@ -33,6 +33,7 @@ class Frame:
     stop: np.ndarray        # committed by the adaptive stop, not by the scheduler
     pinned: np.ndarray | None = None  # held by a pin (also counted in `committed`)
     constrained: np.ndarray | None = None  # changed by the constraint from the step's own token
+    total: int | None = None  # the block's step budget as a remote engine's frame says it (None: the plan's)
 
     @functools.cached_property
     def committed_fraction(self) -> float:  # read by the step event and the progress text
@@ -85,7 +86,7 @@ class CanvasTrace:
         return "\n".join([f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
                            f"{self.canvas_length} {unit} · {self.scheduler_name}",
                            f"last step: {committed} committed, mean entropy {entropy}", self.stop_readout(), *extra,
-                           "wire it to DiffusionGemma Trace for a heatmap, or to the Run Log Writer"])
+                           "wire it to Trace Heatmap (DGemmaTrace), or to the Run Log Writer"])
 
     def stop_readout(self) -> str:
         """How many blocks the adaptive stop ended, and, when none, the scheduler's own word on why."""
