@@ -20,6 +20,7 @@ from ..errors import Cancelled, InputError
 from ..inputs.knobs import Knobs
 from ..inputs.seeding import make_generator
 from ..inputs.tokens import check_text, literal_ids
+from ..loading.lora import applied
 from ..payloads import check_model
 from .cache import fork_cache
 from .loop import BlockDecoder
@@ -277,7 +278,7 @@ def decide(dm, prompt: str, options, samples: int = 8, knobs: Knobs = Knobs(), *
 
 def run_decision(req: DecideRequest, *, trace: bool = True, should_cancel=None) -> Decision:
     dm, seed = req.request.dm, req.request.knobs.seed
-    with compute_threads(dm.model):
+    with compute_threads(dm.model), applied(dm):
         decoder = BlockDecoder(dm.model, fresh_start(req.request).cache)
         decoder.enter_block()
         reader = Reader(decoder, should_cancel)
