@@ -5,6 +5,7 @@ from .decide import DGemmaDecide
 from .encode import DGemmaEncode
 from .join_texts import DGemmaJoinTexts
 from .loader import DGemmaLoader
+from .lora_loader import DGemmaLoraLoader
 from .prompt_list import DGemmaPromptList
 from .remote_loader import DGemmaRemoteLoader
 from .runlog_writer import DGemmaRunLogWriter
@@ -26,6 +27,7 @@ NODE_CLASS_MAPPINGS = {
     "DGemmaPromptList": DGemmaPromptList,
     "DGemmaDecide": DGemmaDecide,
     "DGemmaJoinTexts": DGemmaJoinTexts,
+    "DGemmaLoraLoader": DGemmaLoraLoader,
 }
 
 # every queued prompt says which of these nodes' frames and images it reads (nodes/wiring.py)
@@ -44,4 +46,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaPromptList": "DiffusionGemma Prompt List",
     "DGemmaDecide": "DiffusionGemma Decide",
     "DGemmaJoinTexts": "DiffusionGemma Join Texts",
+    "DGemmaLoraLoader": "DiffusionGemma LoRA Loader",
 }

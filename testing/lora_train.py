@@ -1,13 +1,11 @@
 """A small LoRA trained on the demo with PEFT, by the demo's own objective (tools/train_demo.py): the sums
 answered in digits ("7") instead of words ("seven"). Some sums are held out, to test what it learned.
-
-    python -m testing.lora_train OUT   # (from the repository root) trains and saves it as PEFT saves it
+tools/train_lora.py runs it from the command line (the demo's shipped adapter, dgemma/demo_lora, is its output).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -93,10 +91,8 @@ def train(out: Path, steps: int = 200, rank: int = 8, experts: bool = True, seed
         opt.step()
         sched.step()
     model.eval()
+    model.peft_config["default"].base_model_name_or_path = "diffusiongemma-demo"  # not this machine's path
     model.save_pretrained(str(out))
+    (Path(out) / "README.md").unlink(missing_ok=True)  # PEFT's blank model card
     (Path(out) / "training.json").write_text(json.dumps({"steps": steps, "final_loss": loss.item(), "rank": rank}))
     return Path(out)
-
-
-if __name__ == "__main__":
-    print(train(Path(sys.argv[1])))

@@ -169,8 +169,10 @@ def test_api_example_runs_headless(path, tmp_path, monkeypatch):
     assert outputs, "no output node ran"
     texts = [t for ui in outputs.values() for t in ui.get("text", [])]
     texts += [json.loads(open(t).read().splitlines()[-1])["text"] for t in texts if t.endswith(".jsonl")]
-    expected = {"ping": "three", "image": "red", "decide": "blue"}.get(path.stem, "seven")
+    expected = {"ping": "three", "image": "red", "decide": "blue", "lora": "7"}.get(path.stem, "seven")
     assert expected in texts, texts[:3]
+    if path.stem == "lora":  # its plain branch, from the same loaded model, still answers in words
+        assert "seven" in texts, texts[:3]
     for ui in outputs.values():
         for file in ui.get("images", []) + ui.get("gifs", []):
             assert (tmp_path / file).is_file() and (tmp_path / file).stat().st_size > 0
