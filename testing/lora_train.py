@@ -96,3 +96,30 @@ def train(out: Path, steps: int = 200, rank: int = 8, experts: bool = True, seed
     (Path(out) / "README.md").unlink(missing_ok=True)  # PEFT's blank model card
     (Path(out) / "training.json").write_text(json.dumps({"steps": steps, "final_loss": loss.item(), "rank": rank}))
     return Path(out)
+
+
+def logits(dm, seed=0):
+    """One decoder forward's logits on a fixed noise canvas after the demo prompt, in the payload's view."""
+    from ..dgemma.denoising.cache import encode_ids, new_cache
+    from ..dgemma.inputs.tokens import prompt_ids
+    from ..dgemma.loading.lora import applied
+
+    model = dm.model
+    cache = new_cache(model)
+    with applied(dm), torch.no_grad():
+        encode_ids(model, cache, prompt_ids(dm, "What is 2+5?", False))
+        canvas = torch.randint(0, dm.vocab_size, (1, dm.canvas_length), generator=torch.Generator().manual_seed(seed))
+        return model(decoder_input_ids=canvas, past_key_values=cache).logits.float()
+
+
+def untied():
+    """The demo in float32 with the encoder's weights its own: PEFT trains each stack's copy apart, and merging
+    both into one tied tensor would add each stack's delta to the other."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(DEMO_DIR, dtype=torch.float32)
+    for module in model.model.encoder.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                setattr(module, name, torch.nn.Parameter(param.detach().clone()))
+    return model

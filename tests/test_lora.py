@@ -17,9 +17,10 @@ from diffusiongemma.dgemma import Knobs, generate, load_model
 from diffusiongemma.dgemma.demo import DEMO_DIR, DEMO_KNOBS
 from diffusiongemma.dgemma.denoising.context import encode_context
 from diffusiongemma.dgemma.errors import InputError
-from diffusiongemma.dgemma.loading.lora import adapt, applied, read_adapter
+from diffusiongemma.dgemma.loading.lora import adapt, read_adapter
 from diffusiongemma.nodes.lora_loader import DGemmaLoraLoader, lora_choices
 from diffusiongemma.testing import lora_train
+from diffusiongemma.testing.lora_train import logits, untied
 
 pytest.importorskip("peft")
 HELD = lora_train.HELD_OUT[:6]
@@ -49,19 +50,6 @@ def answers(dm, pairs=HELD):
 def run_bits(dm, prompt="What is 2+5?"):
     r = generate(dm, prompt, DEMO_KNOBS)
     return r.state.raw_ids, r.trace.entropy.tobytes(), r.trace.ids.tobytes()
-
-
-def logits(dm, seed=0):
-    """One decoder forward's logits on a fixed noise canvas after the demo prompt, in the payload's view."""
-    from diffusiongemma.dgemma.denoising.cache import encode_ids, new_cache
-    from diffusiongemma.dgemma.inputs.tokens import prompt_ids
-
-    model = dm.model
-    cache = new_cache(model)
-    with applied(dm), torch.no_grad():
-        encode_ids(model, cache, prompt_ids(dm, "What is 2+5?", False))
-        canvas = torch.randint(0, dm.vocab_size, (1, dm.canvas_length), generator=torch.Generator().manual_seed(seed))
-        return model(decoder_input_ids=canvas, past_key_values=cache).logits.float()
 
 
 def test_the_node_lists_and_loads_a_peft_adapter_and_it_answers_in_digits(demo_model, loras):
@@ -95,19 +83,6 @@ def test_the_view_matches_a_peft_merged_copy_in_float32(demo_model, loras):
     assert torch.equal(mine, logits(dataclasses.replace(demo_model, model=unmerged)))  # PEFT's own forward
     merged = PeftModel.from_pretrained(untied(), str(loras / "digits")).merge_and_unload()
     assert (mine - logits(dataclasses.replace(demo_model, model=merged))).abs().max().item() <= 1e-4
-
-
-def untied():
-    """The demo in float32 with the encoder's weights its own: PEFT trains each stack's copy apart, and merging
-    both into one tied tensor would add each stack's delta to the other."""
-    from transformers import DiffusionGemmaForBlockDiffusion
-
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(DEMO_DIR, dtype=torch.float32)
-    for module in model.model.encoder.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None:
-                setattr(module, name, torch.nn.Parameter(param.detach().clone()))
-    return model
 
 
 def test_a_plain_run_beside_an_adapted_one_in_another_thread_is_the_base(demo_model, loras):
@@ -235,3 +210,22 @@ def test_the_base_weights_are_never_written(demo_model, loras):
     answers(adapt(demo_model, read_adapter(loras / "digits"), 2.0), HELD[:1])
     after = demo_model.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_resumed_windows_lists_and_constraints_run_with_the_adapter(demo_model, loras):
+    from diffusiongemma.dgemma import Constraint, prepare, run_batch
+    from diffusiongemma.dgemma.denoising.resume import Advanced
+
+    adapted = adapt(demo_model, read_adapter(loras / "digits"), 1.0)
+    ctx = encode_context(adapted, "a=3, b=4.")
+    knobs = Knobs(seed=2, num_inference_steps=12, gen_length=64)
+    whole = generate(adapted, "What is a+b?", knobs, context=ctx)
+    first = generate(adapted, "What is a+b?", knobs, context=ctx, advanced=Advanced(end_step=1))
+    rest = generate(adapted, "What is a+b?", knobs, context=ctx,
+                    advanced=Advanced(start_step=first.state.resume.paused.step, resume=first.state.resume))
+    assert rest.state.raw_ids == whole.state.raw_ids and rest.trace.entropy.tobytes() == whole.trace.entropy.tobytes()
+    prompts = [f"What is {a}+{b}?" for a, b in HELD[:3]]
+    batch = run_batch([prepare(adapted, p, DEMO_KNOBS) for p in prompts])
+    assert [r.state.raw_ids for r in batch] == [generate(adapted, p, DEMO_KNOBS).state.raw_ids for p in prompts]
+    constrained = generate(adapted, "What is 3+4?", DEMO_KNOBS, constraint=Constraint("choice", "7\nseven"))
+    assert constrained.text == "7" and constrained.state.constraint["satisfied"]

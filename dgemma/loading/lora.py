@@ -64,7 +64,11 @@ def _files(path: Path) -> tuple[Path, dict | None]:
 
 
 def _config(path: Path, raw: dict | None, metadata: dict | None):
-    from peft import LoraConfig
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise InputError("lora", "LoRA adapters need the peft package in the Python that runs ComfyUI: "
+                                 "pip install 'peft>=0.17'") from None
 
     if raw is None:
         text = (metadata or {}).get("adapter_config")

@@ -26,6 +26,9 @@ _STACK: ContextVar = ContextVar("dgemma_lora_stack", default="")    # "encoder",
 _lock = threading.Lock()
 _hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # model -> ids of the modules it hooked
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+# A fused experts' delta weight up to this size is kept between forwards (the demo's: 32 K); a real layer's
+# (500 M weights) is made at each forward instead, so an adapter never holds a second copy of the experts.
+KEEP_DELTA_ELEMENTS = 1 << 22
 
 
 def stack_of(path: str) -> str:
@@ -53,9 +56,15 @@ class Delta:
 
     def weight(self, like: torch.Tensor) -> torch.Tensor:
         """The fused experts' delta weight (experts, out, in), PEFT's einsum for weights stored out by in."""
+        key = ("weight", like.device, like.dtype)
+        if key in self._cast:
+            return self._cast[key]
         a, b = self.factors(like)
         e = self.experts
-        return torch.einsum("ore,eri->eoi", b.reshape(b.shape[0], -1, e), a.reshape(e, -1, a.shape[-1])) * self.scale
+        delta = torch.einsum("ore,eri->eoi", b.reshape(b.shape[0], -1, e), a.reshape(e, -1, a.shape[-1])) * self.scale
+        if delta.numel() <= KEEP_DELTA_ELEMENTS:
+            self._cast[key] = delta
+        return delta
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +89,8 @@ def _linear_hook(module, args, output):
     x = args[0]
     for delta in deltas:
         a, b = delta.factors(x)
-        output = output + F.linear(F.linear(x, a), b) * delta.scale
+        # PEFT's arithmetic (B(A(x)) * scale, then added), in place: the linear's output is this call's own
+        output.add_(F.linear(F.linear(x, a), b).mul_(delta.scale))
     return output
 
 
