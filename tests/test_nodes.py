@@ -33,7 +33,7 @@ def test_registry_keeps_the_original_names_and_documents_every_socket():
     assert set(NODE_CLASS_MAPPINGS) == {"DGemmaLoader", "DGemmaSampler", "DGemmaDenoise", "DGemmaEncode",
                                         "DGemmaTrace", "DGemmaRunLogWriter", "DGemmaSamplerAdvanced",
                                         "DGemmaRemoteLoader", "DGemmaPromptList", "DGemmaDecide",
-                                        "DGemmaJoinTexts"}
+                                        "DGemmaJoinTexts", "DGemmaLoraLoader"}
     assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_CLASS_MAPPINGS)
     assert (REPO / WEB_DIRECTORY / "live_view.js").is_file()
     for name, cls in NODE_CLASS_MAPPINGS.items():

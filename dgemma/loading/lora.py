@@ -40,6 +40,11 @@ class Adapter:
     config: object
     factors: dict            # key stem (the module path, with PEFT's ".base_layer" nesting) -> (A, B)
     digest: str              # the weights' and config's content, for a cache's identity
+    prefix: str = PREFIX     # what the file's keys start with before the stem
+
+    def key(self, stem: str) -> str:
+        """A stem's A key as the file names it."""
+        return f"{self.prefix}{stem}.lora_A.weight"
 
 
 def _refuse(path, key: str, message: str):
@@ -106,7 +111,8 @@ def _factors(path: Path, tensors: dict) -> dict:
     for stem, sides in pairs.items():
         if set(sides) != {"A", "B"}:
             missing = "B" if "A" in sides else "A"
-            _refuse(path, f"{stem}.lora_{missing}.weight", "is missing: each target needs both factors")
+            prefix = PREFIX if any(k.startswith(PREFIX) for k in tensors) else ""
+            _refuse(path, f"{prefix}{stem}.lora_{missing}.weight", "is missing: each target needs both factors")
     if not pairs:
         _refuse(path, "", "holds no LoRA weights")
     return {stem: (sides["A"], sides["B"]) for stem, sides in pairs.items()}
@@ -130,7 +136,8 @@ def read_adapter(path) -> Adapter:
     for stem in sorted(factors):
         for t in factors[stem]:
             digest.update(stem.encode() + t.float().numpy().tobytes())
-    return Adapter(path.name, str(path), config, factors, digest.hexdigest()[:12])
+    prefix = PREFIX if all(k.startswith(PREFIX) for k in tensors) else ""
+    return Adapter(path.name, str(path), config, factors, digest.hexdigest()[:12], prefix)
 
 
 def _rank_alpha(adapter: Adapter, module_path: str) -> tuple[int, float]:
@@ -158,7 +165,7 @@ def _expert_param(adapter: Adapter, stem: str, path: str, module) -> str:
              if t.rsplit(".", 1)[-1] in EXPERT_PARAMS and path.endswith(t.rsplit(".", 1)[0])]
     depth = stem.count(".base_layer")
     if depth >= len(names):
-        _refuse(adapter.path, f"{stem}.lora_A.weight", f"adapts a fused experts weight the config's "
+        _refuse(adapter.path, adapter.key(stem), f"adapts a fused experts weight the config's "
                                                        f"target_parameters do not name ({names or 'none'})")
     return names[len(names) - 1 - depth]
 
@@ -175,10 +182,10 @@ def _delta(adapter: Adapter, stem: str, module, strength: float) -> tuple[str, D
         param = _expert_param(adapter, stem, path, module)
         experts, out, inn = _expert_shape(module, param)
     else:
-        _refuse(adapter.path, f"{stem}.lora_A.weight", f"targets {path}, a {type(module).__name__}: neither a "
+        _refuse(adapter.path, adapter.key(stem), f"targets {path}, a {type(module).__name__}: neither a "
                                                        "linear nor fused experts")
     if a.shape != (r * experts, inn) or b.shape != (out, r * experts):
-        _refuse(adapter.path, f"{stem}.lora_A.weight", f"shapes A {list(a.shape)} / B {list(b.shape)} disagree "
+        _refuse(adapter.path, adapter.key(stem), f"shapes A {list(a.shape)} / B {list(b.shape)} disagree "
                 f"with {path} ({out} x {inn}{f', {experts} experts' if param else ''}, rank {r}): an adapter "
                 "for another base model")
     return param, Delta(a, b, scale, experts if param else 0)
@@ -190,7 +197,7 @@ def _bind(model, adapter: Adapter, strength: float, linears: dict, experts: dict
         try:
             module = model.get_submodule(path)
         except AttributeError:
-            _refuse(adapter.path, f"{stem}.lora_A.weight", f"names {path}, which this model does not have "
+            _refuse(adapter.path, adapter.key(stem), f"names {path}, which this model does not have "
                                                            "(target modules absent: an adapter for another model)")
         param, delta = _delta(adapter, stem, module, strength)
         key = (stack_of(path), id(module))
