@@ -8,6 +8,9 @@ DEMO_NAME = "diffusiongemma-demo"
 DEMO_DIR = Path(__file__).resolve().parent / "demo_model"
 # The Sampler's default knobs with seed 7: the demo was trained to anneal visibly with them.
 DEMO_KNOBS = Knobs(seed=7)
+# A LoRA for it (testing/lora_train.py, PEFT's save): the same sums answered in digits ("7", not "seven").
+DEMO_LORA_NAME = "diffusiongemma-demo-digits"
+DEMO_LORA_DIR = Path(__file__).resolve().parent / "demo_lora"
 
 # The task it was trained on: "What is a+b?" (a, b in 0..9) answered in words.
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",

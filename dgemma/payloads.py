@@ -27,15 +27,25 @@ class DGemmaModel:
     image_processor: object = None       # the processor's image half; None: the model takes no images
     identity: str = ""                   # loading/identity.py: which files were loaded; reloads and caches match it
     placement_note: str = ""             # a GPU/CPU split's cost per step, said wherever the model runs
+    # LoRA adapters (loading/lora.py): ((adapter, strength), ...) over `base`'s very weights; `view` holds
+    # their deltas, added to the forwards only while this payload runs
+    adapters: tuple = ()
+    base: object = field(default=None, repr=False)
+    view: object = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         """A line, never the network's printout: ComfyUI puts str() of every input into its error report."""
-        return f"DGemmaModel({self.shown!r}, quant {self.quant}, {self.device}, {self.dtype})"
+        return f"DGemmaModel({self.shown!r}, quant {self.quant}, {self.device}, {self.dtype}{self.lora_text})"
 
     @property
     def shown(self) -> str:
         """The source as anyone is shown it: a hub id, or the folder relative to a known one (never absolute)."""
         return shown_path(self.source)
+
+    @property
+    def lora_text(self) -> str:
+        """' + LoRA name @ strength, ...' (empty without adapters): how logs and headers name them."""
+        return "".join(f" + LoRA {a.name} @ {s:g}" for a, s in self.adapters)
 
     @property
     def canvas_length(self) -> int:
@@ -79,7 +89,8 @@ class DGemmaModel:
         return {**found, "canvas_length": self.canvas_length} if found else None
 
     def describe(self) -> dict:
-        return {"model_source": self.shown, "quant": self.quant, "device": self.device, "dtype": self.dtype}
+        return {"model_source": self.shown, "quant": self.quant, "device": self.device, "dtype": self.dtype,
+                "adapters": tuple({"name": a.name, "strength": s, "digest": a.digest} for a, s in self.adapters)}
 
 
 def check_model(dm) -> None:
@@ -190,6 +201,7 @@ class RunConfig:
     readings: object = None  # readings.Readings: the knobs a remote engine was sent and those it fixes itself
     decision: dict | None = field(default=None)    # a decision's reading (denoising/decide.py), on its answer block
     model_defaults: dict | None = field(default=None)  # the checkpoint's own sampler defaults (DGemmaModel)
+    adapters: tuple = ()  # the model's LoRA adapters: name, strength, content digest each
 
     def __str__(self) -> str:
         k = self.knobs
@@ -208,7 +220,8 @@ class RunConfig:
             knobs = self._sent_knobs()
         return "\n".join([
             f"prompt: {_quote(self.prompt)}", knobs,
-            f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})",
+            f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})"
+            + "".join(f" + LoRA {a['name']} @ {a['strength']:g}" for a in self.adapters),
             *_defaults(self.model_defaults),
             f"context: {context}{images}", *extra, *_decided(self.decision),
             *(f"warning: {w}" for w in (self.image or {}).get("warnings", ()))])
@@ -226,7 +239,8 @@ class RunConfig:
                "quant": self.quant, "device": self.device, "dtype": self.dtype,
                "context": self.context, "image": self.image, "advanced": self.advanced,
                "constraint": self.constraint, "run_id": self.run_id,
-               **({"decision": self.decision} if self.decision is not None else {})}
+               **({"decision": self.decision} if self.decision is not None else {}),
+               **({"adapters": [dict(a) for a in self.adapters]} if self.adapters else {})}
         return out if self.readings is None else {**out, "readings": self.readings.asdict()}
 
 

@@ -6,6 +6,7 @@ from .decide import DGemmaDecide
 from .encode import DGemmaEncode
 from .join_texts import DGemmaJoinTexts
 from .loader import DGemmaLoader
+from .lora_loader import DGemmaLoraLoader
 from .prompt_list import DGemmaPromptList
 from .remote_loader import DGemmaRemoteLoader
 from .runlog_writer import DGemmaRunLogWriter
@@ -28,6 +29,7 @@ NODE_CLASS_MAPPINGS = {
     "DGemmaPromptList": DGemmaPromptList,
     "DGemmaDecide": DGemmaDecide,
     "DGemmaJoinTexts": DGemmaJoinTexts,
+    "DGemmaLoraLoader": DGemmaLoraLoader,
 }
 
 # every queued prompt says which of these nodes' frames and images it reads (nodes/wiring.py)
@@ -47,4 +49,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DGemmaPromptList": "Prompt List",
     "DGemmaDecide": "Decide",
     "DGemmaJoinTexts": "Join Texts",
+    "DGemmaLoraLoader": "LoRA Loader",
 }

@@ -187,6 +187,50 @@ def resolve_local_model(name: str) -> Path | None:
     return None
 
 
+LORA_FOLDER = "loras"
+
+
+def lora_roots() -> list[Path]:
+    """ComfyUI's models/loras; headless, `loras` beside and inside the --models-dir folder."""
+    folder_paths = comfy("folder_paths")
+    if folder_paths is None:
+        named = os.environ.get("DGEMMA_MODELS_DIR")
+        return [Path(named).parent / LORA_FOLDER, Path(named) / LORA_FOLDER] if named else []
+    try:
+        return [Path(p) for p in folder_paths.get_folder_paths(LORA_FOLDER)]
+    except KeyError:
+        return []
+
+
+def _is_lora(path: Path) -> bool:
+    if path.is_dir():
+        return (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
+    return path.suffix.lower() == ".safetensors" and path.is_file()
+
+
+def local_loras() -> list[str]:
+    """PEFT adapter folders and single .safetensors files under the lora folders (paths relative to their
+    root, '/'-separated, as ComfyUI lists loras in subfolders)."""
+    names = set()
+    for root in lora_roots():
+        if root.is_dir():
+            for path in root.rglob("*"):
+                if _is_lora(path) and not _is_lora(path.parent):  # an adapter folder's own weights file
+                    names.add(path.relative_to(root).as_posix())
+    return sorted(names)
+
+
+def resolve_lora(name: str) -> Path | None:
+    """The adapter a listed name stands for; a name never leaves its root."""
+    if not isinstance(name, str) or not name or name.startswith(("/", "\\")) or ".." in Path(name).parts:
+        raise ValueError(f"lora name {name!r} must be a path under models/{LORA_FOLDER}, as listed")
+    for root in lora_roots():
+        path = root / name
+        if _is_lora(path):
+            return path
+    return None
+
+
 def output_dir() -> Path:
     folder_paths = comfy("folder_paths")
     if folder_paths is not None:

@@ -78,9 +78,14 @@ def manage(dm, after_run: str = "keep", reload=None) -> None:
     _held[dm] = _Held(patcher, after_run, reload, home)
 
 
+def _root(dm):
+    """The loaded model under a LoRA view: the view shares its weights, so it shares their management."""
+    return getattr(dm, "base", None) or dm
+
+
 def _record(dm) -> _Held | None:
     try:
-        return _held.get(dm)
+        return _held.get(_root(dm))
     except TypeError:  # not a loaded model at all: the engine's own check names it
         return None
 
@@ -91,6 +96,7 @@ def model_ready(dm) -> None:
     held = _record(dm)
     if held is None:
         return
+    dm = _root(dm)
     if held.unloaded:
         fresh = held.reload()
         if fresh.identity != dm.identity:

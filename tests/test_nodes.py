@@ -33,7 +33,7 @@ def test_registry_keeps_the_original_names_and_documents_every_socket():
     assert set(NODE_CLASS_MAPPINGS) == {"DGemmaLoader", "DGemmaSampler", "DGemmaDenoise", "DGemmaEncode",
                                         "DGemmaTrace", "DGemmaRunLogWriter", "DGemmaSamplerAdvanced",
                                         "DGemmaRemoteLoader", "DGemmaPromptList", "DGemmaDecide",
-                                        "DGemmaJoinTexts"}
+                                        "DGemmaJoinTexts", "DGemmaLoraLoader"}
     assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_CLASS_MAPPINGS)
     assert (REPO / WEB_DIRECTORY / "live_view.js").is_file()
     for name, cls in NODE_CLASS_MAPPINGS.items():
@@ -176,7 +176,8 @@ def test_progress_text_under_the_node_each_step_then_the_answer(tmp_path, demo, 
         lines = [shown(t) for node, t in comfy.text if node == "17"]
         assert len(lines) == state.steps_used + 1
         assert lines[0].startswith("block 1/≤1  step 1/≤48  T ") and "  committed " in lines[0].split("\n")[0]
-        assert lines[-1] == f"done · {state.steps_used} steps\n{text}" and text == "seven"
+        rate = f"{state.tokens_per_forward:.2f} tokens/forward"
+        assert lines[-1] == f"done · {state.steps_used} steps · {rate}\n{text}" and text == "seven"
         comfy.text.clear()
         window = dict(KNOBS, scheduler="entropy_bound", pins="")
         (_, paused, *_), _ = call(advanced, model=demo, prompt="What is 3+4?", start_step=0, end_step=4, **window)
@@ -201,7 +202,8 @@ def test_progress_text_wraps_at_spaces_and_shows_tokens_as_written(tmp_path, dem
         markup = [t for node, t in comfy.text if node == "17"]
     assert any("&lt;pad&gt;" in t for t in markup) and all("<pad>" not in t for t in markup)
     assert all(t.count("\n") == t.count("  \n") for t in markup)  # Markdown keeps only hard breaks
-    assert shown(markup[-1]) == f"done · {state.steps_used} steps\n{text}"
+    rate = f"{state.tokens_per_forward:.2f} tokens/forward"
+    assert shown(markup[-1]) == f"done · {state.steps_used} steps · {rate}\n{text}"
     odd = host.node_text("a *b* _c_ `d` [e](f) #g \\h ~i~ <eos> & 1 < 2\nline two")
     assert shown(odd) == "a *b* _c_ `d` [e](f) #g \\h ~i~ <eos> & 1 < 2\nline two"
     bare = re.sub(r"&#?\w+;", "", odd.split(">", 1)[1].rsplit("<", 1)[0])  # the text less its references

@@ -15,6 +15,7 @@ import torch
 from ..errors import Cancelled, InputError
 from ..inputs.tokens import check_text, literal_ids
 from ..inputs.vision import check_image_tensor, check_vision, image_token_ids, prepare_images
+from ..loading.lora import applied
 from ..paths import shown_path
 from ..payloads import check_model
 from .cache import encode_ids, fork_cache, input_device, new_cache
@@ -135,12 +136,13 @@ def _encoded(dm, ids, image_end: int, images, onto, should_cancel) -> KVCache:
     """`ids` encoded onto a fork of `onto` (or a new cache): ids[:image_end] with the images in one
     forward, the rest in chunks, with a cancel check before each."""
     cache = onto.fork_for(dm) if onto is not None else new_cache(dm.model)
-    if images is not None:
-        encode_ids(dm.model, cache, ids[:image_end], images)
-    for chunk in range(image_end, len(ids), CHUNK):
-        if should_cancel is not None and should_cancel():
-            raise Cancelled(0)
-        encode_ids(dm.model, cache, ids[chunk:chunk + CHUNK])
+    with applied(dm):  # the payload's adapters, if any, in its forwards only
+        if images is not None:
+            encode_ids(dm.model, cache, ids[:image_end], images)
+        for chunk in range(image_end, len(ids), CHUNK):
+            if should_cancel is not None and should_cancel():
+                raise Cancelled(0)
+            encode_ids(dm.model, cache, ids[chunk:chunk + CHUNK])
     seen = (images.record,) if images is not None else ()
     return onto.advanced(cache, ids, seen) if onto is not None else mint(dm, cache, ids, seen)
 

@@ -20,6 +20,7 @@ from ..errors import Cancelled, InputError
 from ..inputs.knobs import Knobs
 from ..inputs.seeding import make_generator
 from ..inputs.tokens import check_text, literal_ids
+from ..loading.lora import applied
 from ..payloads import check_model
 from .cache import fork_cache
 from .loop import BlockDecoder
@@ -288,7 +289,7 @@ def run_decision(req: DecideRequest, *, trace: bool = True, should_cancel=None, 
     reads = req.samples * len(req.plan.rows)
     steps = req.request.knobs.num_inference_steps if trace else 0
     report = (lambda done, _total: on_progress(done, reads + steps, None)) if on_progress is not None else None
-    with compute_threads(dm.model):
+    with compute_threads(dm.model), applied(dm):
         decoder = BlockDecoder(dm.model, fresh_start(req.request).cache)
         decoder.enter_block()
         reader = Reader(decoder, should_cancel, report)

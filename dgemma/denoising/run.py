@@ -18,6 +18,7 @@ from ..inputs.pins import report as pin_report
 from ..inputs.seeding import make_generator
 from ..inputs.tokens import check_text, prompt_ids
 from ..inputs.vision import check_image_tensor, check_vision, prepare_images
+from ..loading.lora import applied
 from ..payloads import CanvasState, DGemmaModel, RunConfig, check_model
 from ..readouts.excision import excise, thought_text
 from ..readouts.logprobs import MAX_TOP, Capture
@@ -206,9 +207,10 @@ def run_watched(req: Request, watch: Callable[[object], None],
     """Run a prepared request alone, calling `watch(lane)` before each step's decoder forward: the lane's
     canvas and self-conditioning are then that step's input (the options' reads of a decision use them);
     `on_frame(frame)` reports each step."""
-    item = _launch(req, on_frame)
-    if item.lane is not None:
-        _watched(req.dm.model, item.lane, watch)
+    with applied(req.dm):  # the payload's adapters, if any, in its forwards only
+        item = _launch(req, on_frame)
+        if item.lane is not None:
+            _watched(req.dm.model, item.lane, watch)
     return _result(item)
 
 
@@ -255,7 +257,8 @@ def run_batch(requests, *, on_frame: Callable[[int, Frame], None] | None = None,
 
     model = requests[0].dm.model
     forward = BatchForward(model) if size > 1 else None
-    drive(model, lanes(), should_cancel, forward, size, steps_together if forward is not None else None)
+    with applied(requests[0].dm):  # the payload's adapters, if any, in its forwards only (its lanes launch here)
+        drive(model, lanes(), should_cancel, forward, size, steps_together if forward is not None else None)
     return results
 
 

@@ -138,8 +138,10 @@ class _DenseView:
         module, dense = self.__dict__["_module"], self.__dict__["_dense"]
         if name in module._dgemma_shapes:
             if name not in dense:
-                dense[name] = dequantize(getattr(module, name), module._dgemma_shapes[name],
-                                         MODES[module._dgemma_mode], self.__dict__["_dtype"])
+                weight = dequantize(getattr(module, name), module._dgemma_shapes[name],
+                                    MODES[module._dgemma_mode], self.__dict__["_dtype"])
+                adapt = getattr(module, "lora_delta", None)  # an adapter's view (lora_view.py) adds its deltas
+                dense[name] = weight if adapt is None else adapt(name, weight)
             return dense[name]
         return getattr(module, name)
 

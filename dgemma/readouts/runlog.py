@@ -91,6 +91,7 @@ def records(trace, config, state, frames_text) -> list[dict]:
         "block_stopped_early": known(trace, "stopped_early", list(trace.block_stopped_early)),
         "knob_sets": list(trace.knob_sets),  # the knobs in force; each frame names its set
         "advanced": config.advanced,
+        **({"adapters": [dict(a) for a in config.adapters]} if config.adapters else {}),  # LoRAs: name, strength
     }
     if trace.readings is not None:  # a remote engine's: what it did not send, the knobs it fixed, its numbers
         header["readings"] = trace.readings.asdict()
