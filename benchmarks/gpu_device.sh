@@ -6,12 +6,17 @@
 #   bash benchmarks/gpu_device.sh run [gpu.py args] # there (carry .whl): install them, run one phase
 #
 # A lease is 15 minutes with the machine's start, so run one phase per call and keep each under
-# GPU_SECONDS (default 420 s), which leaves time for a second call:
+# GPU_SECONDS (default 230 s), which leaves time for a second call. The first phase gives the headline:
+#   phase1                                    benchmarks/gpu_phase1.py: bf16 made on the GPU, ms/step at 16 and
+#                                             48, ours / diffusers' pipeline, waits per step, a list of 8 = its
+#                                             solo runs, peak VRAM / plan; exits 1 when an identity is false
+# then, one per call:
 #   run --in-memory --quants none --no-fast   the bf16 geometry made on the GPU: s/step, batches 1/4/8
 #   run --quants none --no-fast               the same written as a checkpoint and loaded by the pack
 #   run --quants autoround --no-fast          the INT4 layout, loaded through auto-round
 #   fit                                       benchmarks/gpu_fit.py: the 4bit and 8bit geometry built and
 #                                             quantized on the GPU (peak VRAM at a step, s/step at 16 and 48)
+# Each phase runs here on the CPU with --dry-run (CI does): `bash benchmarks/gpu_device.sh phase1 --dry-run`.
 # The log is also written to $OUT/gpu.log (the device tool brings $OUT back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +34,10 @@ case "${1:-}" in
       --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 -d .whl "${WHEELS[@]}" || exit
     du -sh .whl
     ;;
-  run|fit)
+  run|fit|phase1)
     script=benchmarks/gpu.py
     [ "$1" = fit ] && script=benchmarks/gpu_fit.py
+    [ "$1" = phase1 ] && script=benchmarks/gpu_phase1.py
     shift
     if compgen -G ".whl/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -41,10 +47,11 @@ case "${1:-}" in
     out="${OUT:-/tmp/dgemma-gpu-out}"
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>&1 | tee "$out/gpu.log"
-    PYTHONUNBUFFERED=1 timeout "${GPU_SECONDS:-420}" python3 "$script" "$@" 2>&1 | tee -a "$out/gpu.log"
+    PYTHONUNBUFFERED=1 timeout "${GPU_SECONDS:-230}" "${PYTHON:-python3}" "$script" "$@" 2>&1 | tee -a "$out/gpu.log"
+    exit "${PIPESTATUS[0]}"  # a false identity or a timeout fails the call
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_device.sh wheels | run [benchmarks/gpu.py arguments] | fit [gpu_fit.py arguments]" >&2
+    echo "usage: bash benchmarks/gpu_device.sh wheels | phase1 [--dry-run] | run [gpu.py arguments] | fit [gpu_fit.py arguments]" >&2
     exit 2
     ;;
 esac

@@ -166,7 +166,9 @@ def list_items(inputs: dict) -> list[dict]:
 
 MAX_BATCH = ("INT", {"forceInput": True, "default": 0, "min": 0, "max": 256, "tooltip":
              "Most prompts of a list denoised together (items); 0 or unwired: as many as fit in half the free "
-             "memory, from the memory plan. Longer lists run in batches of this size."})
+             "memory, from the memory plan. Longer lists run in batches of this size. The batch never changes an "
+             "item's tokens; on the CPU its readings are its solo run's to the bit at float32 (in bfloat16 an "
+             "entropy may move by about 0.02 nats); on a GPU this is not yet measured."})
 
 
 def max_batch_of(inputs: dict) -> int | None:
@@ -255,7 +257,8 @@ class DGemmaSampler:
                    "noise and the lowest-entropy positions are committed step by step. The node paints the canvas "
                    "live; frames and images replay it, canvas_trace feeds DGemmaTrace and DGemmaRunLogWriter. "
                    "An optional image is read by the encoder with the turn. For context from a KV cache use "
-                   "DGemmaDenoise. A list of prompts denoises as one batch, each item exactly its own run.")
+                   "DGemmaDenoise. A list of prompts denoises as one batch, each item exactly its own run on the CPU "
+                   "(in bfloat16 its entropy readings may move in the last bits; on a GPU not yet measured).")
 
     @classmethod
     def INPUT_TYPES(cls):

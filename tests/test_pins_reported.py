@@ -24,4 +24,5 @@ def test_a_pin_past_the_answers_end_is_reported_in_outputs_and_progress_text(tmp
     assert text == "seven" and state.pins_skipped and not state.pins_applied and not state.finished_honestly
     said = "pin(s) never reached the answer"
     assert said in str(state) and any(said in w for w in state.warnings)
-    assert lines[-1].startswith(f"done · {state.steps_used} steps\n⚠ ") and said in lines[-1]
+    rate = f"{state.tokens_per_forward:.2f} tokens/forward"
+    assert lines[-1].startswith(f"done · {state.steps_used} steps · {rate}\n⚠ ") and said in lines[-1]

@@ -1,0 +1,190 @@
+"""Is the engine right by construction for a GPU inside ComfyUI? Checked on the CPU, where every reading is true.
+
+- patcher_size_ratio: what ComfyUI is told a loaded model holds (the ModelPatcher's size: its storages, each once)
+  over its unique stored bytes as the checkpoint's headers give them (the device plan's resident bytes: tied
+  and shared tensors once, quantized experts at their packed size), for bf16, 8bit and 4bit; the worst.
+  On the small real-geometry twin (every tensor, tie and quantized module of the real model, narrower
+  widths, two layers); `--real` takes the real-width slice (several GB, cached outside the repository).
+- waits_per_step_max: the most host waits in one step (testing/waits.py: every read of a device value, every
+  blocking copy, every upload of host data) over bf16, 8bit, 4bit, GGUF, logprobs, a constraint and a batch of 8
+  on the demo.
+- batch_size_invariant: 16 requests in batches of 1, 3, 8 and 16 give the same tokens and readings.
+- plan_vs_measured_step: the plan's working memory of a step (deviceplan.STEP_TENSORS) over the measured
+  peak of the step's own tensors plus the self-conditioning it keeps (testing/tensorpeak.py), at the real
+  vocabulary (262,144) on a 256-token canvas; the worst of float32 and bfloat16 weights.
+- device_named_ok: with a host that names cuda:1, every plan (whole, split) says cuda:1, and every free-memory
+  reading and freeing of room is asked of cuda:1.
+
+    python benchmarks/gpu_ready.py [--real]
+
+Last line: patcher_size_ratio waits_per_step_max batch_size_invariant plan_vs_measured_step device_named_ok.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+# this folder's gguf.py would stand for the gguf package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+from headless import load_pack  # noqa: E402
+
+load_pack()
+from conftest import cache_base, checkpoint  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
+
+from diffusiongemma.dgemma import Constraint, Knobs, load_model  # noqa: E402
+from diffusiongemma.dgemma.demo import DEMO_DIR  # noqa: E402
+from diffusiongemma.dgemma.denoising import loop  # noqa: E402
+from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch  # noqa: E402
+from diffusiongemma.dgemma.loading import deviceplan, load, machine  # noqa: E402
+from diffusiongemma.testing import realslice  # noqa: E402
+from diffusiongemma.testing.batchcheck import differences, entropy_exact  # noqa: E402
+from diffusiongemma.testing.tensorpeak import TensorPeak  # noqa: E402
+from diffusiongemma.testing.waits import step_waits  # noqa: E402
+
+GIB = 1 << 30
+PROMPTS = ["What is 3+4?", "What is 1+1?", "What is 2+5?", "Say hi.", "What is 6+2?", "Name a colour.",
+           "What is 4+4?", "What is 0+9?"]
+
+
+def patcher_size_ratio(real: bool) -> float:
+    from diffusiongemma.dgemma.loading import quant_at_load
+
+    folder = realslice.slice_dir(realslice.REAL if real else realslice.SMALL, cache_base())
+    worst = 1.0
+    for quant in ("none", "8bit", "4bit"):
+        dm = load_model(str(folder), quant=quant, device="cpu", dtype="bfloat16")
+        held = machine.held_bytes(dm.model)
+        del dm
+        config = AutoConfig.from_pretrained(folder)
+        stored, per_dtype, shared, _ = load.stored_bytes(folder, str(folder), True, config)
+        weights = stored - shared
+        if quant != "none":
+            shape = quant_at_load.geometry(config)
+            weights += shape.packed_bytes(quant) - 2 * sum(shape.quantized)
+        ratio = held / weights
+        print(f"{quant}: ComfyUI is told {held / 2**20:.1f} MiB, stored uniquely {weights / 2**20:.1f} MiB, "
+              f"ratio {ratio:.4f}", flush=True)
+        worst = max(worst, ratio, key=lambda r: abs(r - 1))
+    return worst
+
+
+def mode_runs(demo):
+    """(name, a run) per mode: each on the demo, every step run (confidence 0)."""
+    knobs = Knobs(seed=1, num_inference_steps=6, gen_length=64, confidence=0.0)
+    for quant in ("8bit", "4bit"):
+        dm = load_model(str(DEMO_DIR), quant=quant)
+        yield quant, (lambda dm=dm: run(prepare(dm, "What is 3+4?", knobs)))
+    gguf = load_model(str(REPO / "tests/fixtures/gguf/demo-Q4_K_M.gguf"), quant="gguf")
+    yield "gguf", lambda: run(prepare(gguf, "What is 3+4?", knobs))
+    yield "bf16", lambda: run(prepare(demo, "What is 3+4?", knobs))
+    yield "logprobs", lambda: run(prepare(demo, "What is 3+4?", knobs, logprobs=5))
+    yield "constraint", lambda: run(prepare(demo, "What is 3+4?", knobs,
+                                            constraint=Constraint("choice", "seven\nfour")))
+    batch = [prepare(demo, p, knobs) for p in PROMPTS]
+    yield "batch of 8", lambda: run_batch(batch, max_batch=8)
+
+
+def waits_per_step_max(demo) -> int:
+    most = 0
+    for name, go in mode_runs(demo):
+        go()  # one-time probes
+        steps, worst, names = step_waits(go)
+        print(f"{name}: {steps} steps, at most {worst} wait(s) in a step: {dict(names)}", flush=True)
+        most = max(most, worst)
+    return most
+
+
+def batch_size_invariant(demo) -> int:
+    requests = [prepare(demo, PROMPTS[i % 8] + " " * (i % 3),
+                        Knobs(seed=i, thinking=bool(i % 2), gen_length=32 * (1 + i % 2), num_inference_steps=6 + i % 4))
+                for i in range(16)]
+    runs = {size: run_batch(requests, max_batch=size) for size in (1, 3, 8, 16)}
+    same = all(not differences(a, b, demo.token_strings) and entropy_exact(a, b)
+               for size in (3, 8, 16) for a, b in zip(runs[1], runs[size]))
+    print(f"16 requests in batches of 1, 3, 8, 16: {'identical' if same else 'DIFFERENT'}", flush=True)
+    return int(same)
+
+
+def step_peak(dm) -> int:
+    """The most bytes one step's own tensors, with the self-conditioning it keeps, hold at once."""
+    peaks, inner = [], loop._step
+
+    def measured(working, *rest):
+        kept = sum(lane.self_cond.nbytes for lane in working if lane.self_cond is not None)
+        with TensorPeak() as p:
+            out = inner(working, *rest)
+        peaks.append(p.peak + kept)
+        return out
+
+    loop._step = measured
+    try:
+        run(prepare(dm, "hi", Knobs(seed=1, num_inference_steps=3, gen_length=256, confidence=0.0)))
+    finally:
+        loop._step = inner
+    return max(peaks)
+
+
+def plan_vs_measured_step() -> float:
+    worst = 1.0
+    for dtype in ("float32", "bfloat16"):
+        dm = load_model(str(checkpoint("real-vocab")), dtype=dtype)
+        plan, measured = deviceplan.logit_bytes(dm.model.config.get_text_config(decoder=True), dm.canvas_length), \
+            step_peak(dm)
+        print(f"{dtype}: plan {plan / 2**20:.0f} MiB, measured step {measured / 2**20:.0f} MiB, "
+              f"ratio {plan / measured:.3f}", flush=True)
+        worst = max(worst, plan / measured, key=lambda r: abs(r - 1))
+    return worst
+
+
+def device_named_ok() -> int:
+    """The small twin planned on a host that names cuda:1: whole, then split (room made there first each time)."""
+    folder = realslice.slice_dir(realslice.SMALL, cache_base())
+    asked, free = [], {"vram": 1 << 40}
+    host = machine.Machine("cuda:1", lambda d: asked.append(str(d)) or free["vram"], lambda d: 1 << 40,
+                           lambda need, d: asked.append(f"room {d}"))
+    machine.use(lambda: host)
+    try:
+        whole = planned_on(folder)
+        text = AutoConfig.from_pretrained(folder).get_text_config(decoder=True)
+        step = deviceplan.step_bytes(text, 256, deviceplan.LOAD_CONTEXT)
+        free["vram"] = deviceplan.CUDA_RESERVE + step + whole.weight_bytes // 2  # half the weights fit: a split
+        split = planned_on(folder)
+    finally:
+        machine.use(None)
+    ok = (whole.device == split.device == "cuda:1" and whole.device_map == {"": 1}
+          and set(split.max_memory) == {1, "cpu"} and asked and all("cuda:1" in a for a in asked))
+    print(f"whole {whole.device} {whole.device_map}; split {split.device} {sorted(map(str, split.max_memory))}; "
+          f"asked about {sorted(set(asked))}", flush=True)
+    return int(ok)
+
+
+def planned_on(folder: Path):
+    config = AutoConfig.from_pretrained(folder)
+    stored, per_dtype, shared, _ = load.stored_bytes(folder, str(folder), True, config)
+    host, mode = machine.on_device("auto")
+    return load.place(config, stored, per_dtype, shared, torch.bfloat16, mode, "none", host)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--real", action="store_true", help="the patcher's size on the real-width slice")
+    args = parser.parse_args(argv)
+    demo = load_model(str(DEMO_DIR))
+    figures = {"patcher_size_ratio": f"{patcher_size_ratio(args.real):.4f}",
+               "waits_per_step_max": waits_per_step_max(demo),
+               "batch_size_invariant": batch_size_invariant(demo),
+               "plan_vs_measured_step": f"{plan_vs_measured_step():.3f}",
+               "device_named_ok": device_named_ok()}
+    print(" ".join(f"{k}={v}" for k, v in figures.items()))
+
+
+if __name__ == "__main__":
+    main()
