@@ -11,13 +11,13 @@ from pathlib import Path
 import torch
 
 from ..dgemma.demo import DEMO_DIR, WORDS
+from .objective import demo_loss
 
 # 14 sums never trained on (every total is still trained through other sums: 0+0 is the only 0)
 HELD_OUT = tuple((a, b) for a in range(10) for b in range(10) if (3 * a + b) % 7 == 0 and a + b)
 TRAINED = tuple((a, b) for a in range(10) for b in range(10) if (a, b) not in HELD_OUT)
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]
-ANSWER_WEIGHT, SMOOTHING = 3.0, 0.02  # as tools/train_demo.py
 
 
 def digits_answer(a: int, b: int) -> str:
@@ -42,29 +42,6 @@ def _examples(tok, canvas: int, pairs):
     return torch.tensor(prompts), torch.tensor(targets)
 
 
-def _loss(model, tok, prompt, clean, vocab, g):
-    """tools/train_demo.py's objective: uniform corruption at t ~ U(0,1), self-conditioning on half the
-    batches (logits / T, T ~ U(0.4, 0.8)), cross-entropy on every position, answer positions weighted up."""
-    from transformers import DynamicCache
-
-    batch = clean.shape[0]
-    t = torch.rand(batch, 1, generator=g)
-    noisy = torch.where(torch.rand(clean.shape, generator=g) < t, torch.randint(0, vocab, clean.shape, generator=g),
-                        clean)
-    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-    model.model.encoder(input_ids=prompt, past_key_values=cache)
-    self_cond = None
-    if torch.rand(1, generator=g).item() < 0.5:
-        with torch.no_grad():
-            logits = model(decoder_input_ids=noisy, past_key_values=cache).logits
-        self_cond = logits / (0.4 + 0.4 * torch.rand(batch, 1, 1, generator=g))
-    logits = model(decoder_input_ids=noisy, past_key_values=cache, self_conditioning_logits=self_cond).logits
-    weight = 1.0 + ANSWER_WEIGHT * (clean != tok.pad_token_id)
-    token_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), clean.reshape(-1), reduction="none",
-                                                   label_smoothing=SMOOTHING)
-    return (token_loss * weight.reshape(-1)).sum() / weight.sum()
-
-
 def train(out: Path, steps: int = 200, rank: int = 8, experts: bool = True, seed: int = 0, lr: float = 1e-2,
           batch: int = 32) -> Path:
     """Train the digits adapter on the demo's weights (float32, CPU) and save it as PEFT saves it."""
@@ -78,14 +55,13 @@ def train(out: Path, steps: int = 200, rank: int = 8, experts: bool = True, seed
                         exclude_modules=r".*vision.*", target_parameters=EXPERTS if experts else None)
     model = get_peft_model(model, config)
     model.train()
-    vocab = model.config.get_text_config().vocab_size
     prompts, targets = _examples(tok, model.config.canvas_length, TRAINED)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     for _ in range(steps):
         pick = torch.randint(0, prompts.shape[0], (batch,), generator=g)
-        loss = _loss(model.base_model.model, tok, prompts[pick], targets[pick], vocab, g)  # LoRA layers inside
+        loss = demo_loss(model.base_model.model, tok, prompts[pick], targets[pick], g)  # LoRA layers inside
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

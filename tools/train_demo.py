@@ -40,12 +40,9 @@ from diffusiongemma.dgemma.demo import COLOURS, IMAGE_QUESTION, IMAGE_SIZES, WOR
 from diffusiongemma.dgemma.inputs.tokens import prompt_ids  # noqa: E402
 from diffusiongemma.dgemma.inputs.vision import prepare_images  # noqa: E402
 from diffusiongemma.dgemma.payloads import DGemmaModel  # noqa: E402
+from diffusiongemma.testing.objective import demo_loss  # noqa: E402
 from diffusiongemma.testing.tiny import build_model, image_processor, save_checkpoint  # noqa: E402
 
-ANSWER_WEIGHT = 3.0
-# A little label smoothing keeps the model from being certain of every position at once: the
-# entropy per position then falls with the temperature, so the canvas fills in over several steps.
-SMOOTHING = 0.02
 MODES = ("plain", "thinking", "context", "image")
 SHADES = 4  # per colour and size: the exact colour and 3 shades of it, so near colours read the same
 SHADE_JITTER = 0.15
@@ -122,7 +119,6 @@ def batch_of(data, mode: str, batch: int, g):
 
 def train(out: Path, steps: int, seed: int, batch: int, lr: float, modes: tuple[str, ...] = MODES,
           init: Path | None = None) -> None:
-    from transformers import DynamicCache
 
     torch.manual_seed(seed)
     model, tok = build_model("demo", seed=seed)
@@ -132,7 +128,6 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float, modes: tuple[
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(init, dtype=torch.float32)
     model.train()
     L = model.config.canvas_length
-    vocab = model.config.get_text_config().vocab_size
     data = {mode: examples(tok, L, mode) for mode in dict.fromkeys(modes) if mode != "image"}
     if "image" in modes:
         data["image"] = image_examples(model, tok, L, seed)
@@ -146,22 +141,7 @@ def train(out: Path, steps: int, seed: int, batch: int, lr: float, modes: tuple[
     for step in range(steps):
         mode = modes[step % len(modes)]
         prompt, clean, extra = batch_of(data, mode, batch, g)
-        t = torch.rand(batch, 1, generator=g)
-        noise = torch.randint(0, vocab, clean.shape, generator=g)
-        noisy = torch.where(torch.rand(clean.shape, generator=g) < t, noise, clean)
-        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-        model.model.encoder(input_ids=prompt, past_key_values=cache, **extra)
-        self_cond = None
-        if torch.rand(1, generator=g).item() < 0.5:
-            with torch.no_grad():
-                logits = model(decoder_input_ids=noisy, past_key_values=cache).logits
-            self_cond = logits / (0.4 + 0.4 * torch.rand(batch, 1, 1, generator=g))
-        logits = model(decoder_input_ids=noisy, past_key_values=cache, self_conditioning_logits=self_cond).logits
-        # Pads fill most of the canvas and are easy; weight the answer's positions up.
-        weight = 1.0 + ANSWER_WEIGHT * (clean != tok.pad_token_id)
-        token_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), clean.reshape(-1), reduction="none",
-                                                       label_smoothing=SMOOTHING)
-        loss = (token_loss * weight.reshape(-1)).sum() / weight.sum()
+        loss = demo_loss(model, tok, prompt, clean, g, extra)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
