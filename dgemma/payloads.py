@@ -11,6 +11,12 @@ from .paths import shown_path
 from .readings import knob_not_sent, percent, why_unknown
 
 
+def lora_text(adapters) -> str:
+    """' + LoRA name @ strength' per (name, strength), empty for none: one wording for the run config, the
+    run log, the trace and the live view."""
+    return "".join(f" + LoRA {name} @ {strength:g}" for name, strength in adapters)
+
+
 @dataclass(frozen=True, eq=False)
 class DGemmaModel:
     """A loaded DiffusionGemma: the transformers model, its tokenizer/processor and where it runs."""
@@ -45,7 +51,7 @@ class DGemmaModel:
     @property
     def lora_text(self) -> str:
         """' + LoRA name @ strength, ...' (empty without adapters): how logs and headers name them."""
-        return "".join(f" + LoRA {a.name} @ {s:g}" for a, s in self.adapters)
+        return lora_text((a.name, s) for a, s in self.adapters)
 
     @property
     def canvas_length(self) -> int:
@@ -221,7 +227,7 @@ class RunConfig:
         return "\n".join([
             f"prompt: {_quote(self.prompt)}", knobs,
             f"model: {self.model_source} (quant {self.quant}, {self.device}, {self.dtype})"
-            + "".join(f" + LoRA {a['name']} @ {a['strength']:g}" for a in self.adapters),
+            + lora_text((a["name"], a["strength"]) for a in self.adapters),
             *_defaults(self.model_defaults),
             f"context: {context}{images}", *extra, *_decided(self.decision),
             *(f"warning: {w}" for w in (self.image or {}).get("warnings", ()))])

@@ -147,7 +147,7 @@ class DecideView:
         self.samples, self.node_id, self.prompt = req.samples, node_id, prompt
         self.bar, self.note = host.Progress(self.reads + steps, node_id), host.ProgressText(node_id)
         self.stream = StepStream(str(node_id) if node_id is not None else "", 1, steps, model.canvas_length,
-                                 model.token_strings)
+                                 model.token_strings, adapters=getattr(model, "lora_text", ""))
         self.live = host.live()
 
     def start(self) -> None:

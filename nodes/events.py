@@ -4,9 +4,10 @@ One `dgemma.start` per run (after its inputs are checked), one `dgemma.step` per
 `dgemma.done` at the end with status "done", "error" or "interrupted". A step carries the canvas
 as short per-position strings plus one state digit per position by the engine's one rule
 (dgemma/readouts/states.py): "0" noise, "1" new, "2" settled, "3" pinned, "4" constrained; the start event
-carries the palette and the states' names. A remote engine that does not send a reading
-(dgemma/readings.py) gets null for it, "5" unknown for every state when it sends no committed mask
-(its start event adds that state, and the reasons), and a caption that says so.
+carries the palette, the states' names and, for a model with LoRA adapters, their names and strengths.
+A remote engine that does not send a reading (dgemma/readings.py) gets null for it, "5" unknown for every
+state when it sends no committed mask (its start event adds that state, and the reasons), and a caption
+that says so.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ class StepStream:
     """The events of one node's run, in order; feed it every frame the engine reports."""
 
     def __init__(self, node: str, blocks: int | None, steps: int | None, canvas_length: int | None, token_strings,
-                 readings=None):
+                 readings=None, adapters: str = ""):
         self.node, self.blocks, self.steps, self.canvas_length = node, blocks, steps, canvas_length
         self.token_strings, self.readings = token_strings, readings
+        self.adapters = adapters  # the model's LoRAs as the header names them (' + LoRA name @ 1'); "" for none
         self.unknown = dict(readings.unknown) if readings is not None else {}
         self.previous = None
         self.count = 0  # steps sent, all blocks together
@@ -65,6 +67,8 @@ class StepStream:
         states = list(NAMES) + ([UNKNOWN_NAME] if "committed" in self.unknown else [])
         event = {"node": self.node, "blocks": self.blocks, "steps": self.steps, "canvas_length": self.canvas_length,
                  "palette": hex_palette("committed" in self.unknown), "states": states}
+        if self.adapters:  # only then: a plain run's start event stays as it was
+            event["adapters"] = self.adapters[:MAX_TEXT]
         if self.readings is not None:
             event["unknown"] = {name: why[:MAX_TEXT] for name, why in self.unknown.items()}
         if asked is not None:
@@ -146,8 +150,9 @@ class BatchStream:
     otherwise resend every settled item with every step.
     """
 
-    def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int | None, token_strings, readings=None):
-        self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings, readings)
+    def __init__(self, node: str, rows: list[tuple[int, int]], canvas_length: int | None, token_strings, readings=None,
+                 adapters: str = ""):
+        self.streams = [StepStream(node, blocks, steps, canvas_length, token_strings, readings, adapters)
                         for blocks, steps in rows]
         self.settled: dict[str, int] = {}
         self.fresh: dict[str, int] = {}  # settled since the last step event

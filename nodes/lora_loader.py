@@ -61,4 +61,5 @@ class DGemmaLoraLoader:
             raise InputError("model", f"a LoRA applies to a model loaded here (DGemmaLoader), not to "
                                       f"{type(model).__name__}; a remote model's server applies its own adapters")
         check_strength(strength)
-        return (adapt(model, read_adapter(resolve_lora(lora)), strength),)
+        # named as picked: the shipped demo's folder name (demo_lora) is not what the widget shows
+        return (adapt(model, read_adapter(resolve_lora(lora), name=str(lora)), strength),)

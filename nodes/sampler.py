@@ -85,7 +85,7 @@ class LiveRun:
         self.reached = [0] * len(calls)  # per item, and in all: steps of the bar reached
         self.done_steps = 0
         self.stream = BatchStream(str(node_id) if node_id is not None else "", rows, model.canvas_length,
-                                  model.token_strings, readings_of(model))
+                                  model.token_strings, readings_of(model), getattr(model, "lora_text", ""))
         self.bar, self.note = host.Progress(self.total, node_id), host.ProgressText(node_id)
         self.node_id = node_id
         self.live = host.live()

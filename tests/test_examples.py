@@ -21,11 +21,11 @@ FRONTEND_ONLY = {"Note", "MarkdownNote"}
 def test_there_are_examples_of_each_kind():
     names = {p.stem for p in API}
     assert {"ping", "knobs", "trace", "thinking", "runlog", "gif", "kv_cache", "demo_smoke", "start_here", "image",
-            "advanced_chain", "advanced_infill", "advanced_schedulers", "remote", "structured"} <= names
+            "advanced_chain", "advanced_infill", "advanced_schedulers", "remote", "structured", "lora"} <= names
     assert {"diffusiongemma_start_here", "diffusiongemma_kv_cache", "diffusiongemma_thinking",
             "diffusiongemma_gif", "diffusiongemma_advanced_chain", "diffusiongemma_advanced_infill",
             "diffusiongemma_advanced_schedulers", "diffusiongemma_image",
-            "diffusiongemma_remote", "diffusiongemma_structured"} <= {p.stem for p in UI}
+            "diffusiongemma_remote", "diffusiongemma_structured", "diffusiongemma_lora"} <= {p.stem for p in UI}
 
 
 def _gguf_models(graph, monkeypatch):

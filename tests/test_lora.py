@@ -229,3 +229,32 @@ def test_resumed_windows_lists_and_constraints_run_with_the_adapter(demo_model, 
     assert [r.state.raw_ids for r in batch] == [generate(adapted, p, DEMO_KNOBS).state.raw_ids for p in prompts]
     constrained = generate(adapted, "What is 3+4?", DEMO_KNOBS, constraint=Constraint("choice", "7\nseven"))
     assert constrained.text == "7" and constrained.state.constraint["satisfied"]
+
+
+def test_the_trace_heatmap_summary_and_live_header_name_the_adapters(demo_model, tmp_path):
+    """The shipped demo adapter through the node under a fake ComfyUI: the start event, the trace's text, the
+    heatmap's summary and a replayed run log name it and its strength; the plain model's show nothing extra."""
+    import fakecomfy
+    from executor import call
+
+    from diffusiongemma.dgemma.readouts.heatmap import summary
+    from diffusiongemma.dgemma.readouts.runlog import records, replay
+    from diffusiongemma.nodes.sampler import DGemmaSampler
+
+    knobs = dict(seed=5, num_inference_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, confidence=0.005,
+                 gen_length=32, thinking=False)
+    (adapted,) = DGemmaLoraLoader().load(demo_model, "diffusiongemma-demo-digits", 1.0)
+    named = " + LoRA diffusiongemma-demo-digits @ 1"
+    shown = {}
+    for dm in (adapted, demo_model):
+        with fakecomfy.installed(tmp_path) as comfy:
+            (text, state, trace, frames, _, config), _ = call(DGemmaSampler, model=dm, prompt="What is 3+4?", **knobs)
+            start = next(data for event, data, _ in comfy.events if event == "dgemma.start")
+        log = replay(*(lambda rs: (rs[0], rs[1:-1]))(records(trace, config, state, frames)))
+        shown[dm is adapted] = (text, start, str(trace), summary(trace), str(log), str(config))
+    text, start, trace_text, heatmap_text, log_text, config_text = shown[True]
+    assert text == "7" and start["adapters"] == named
+    assert f"model{named}" in trace_text.splitlines() and f"model{named}" in heatmap_text.splitlines()
+    assert f"model{named}" in log_text.splitlines() and named in config_text
+    text, start, *texts = shown[False]
+    assert text == "seven" and "adapters" not in start and not any("LoRA" in t for t in texts)

@@ -66,6 +66,26 @@ def test_after_run_waits_for_the_last_item_of_a_list_run(tmp_path, after_run):
         assert not any(p.device.type == "meta" for p in dm.model.parameters())
 
 
+@pytest.mark.parametrize("after_run", ["offload to CPU", "unload"])
+def test_a_lora_view_runs_again_with_the_same_tokens_after_the_policy(tmp_path, after_run):
+    """The shipped demo adapter over a model the policy offloaded or unloaded: its hooks stay on the same
+    modules, which get their weights back, so the adapted payload and the plain one answer as before."""
+    with fakecomfy.installed(tmp_path) as comfy:
+        dm = _load(after_run)
+        (adapted,), _ = call(NODE_CLASS_MAPPINGS["DGemmaLoraLoader"], model=dm, lora="diffusiongemma-demo-digits",
+                             strength=1.0)
+        runs = []
+        for _ in range(2):
+            (text, state, *_), _ = call(Sampler, model=adapted, prompt=ASK, **KNOBS)
+            (plain, *_), _ = call(Sampler, model=dm, prompt=ASK, **KNOBS)
+            comfy.registry.finish_progress("17")  # the node ends: the policy applies
+            assert _managed(comfy) == [] and comfy.memory[-1] == ("unload", "DiffusionGemmaWeights")
+            on_meta = all(p.device.type == "meta" for p in dm.model.parameters())
+            assert on_meta == (after_run == "unload")
+            runs.append((text, state.raw_ids, plain))
+        assert runs[0] == runs[1] and runs[0][0] == "7" and runs[0][2] == "seven"
+
+
 def test_a_failed_run_applies_the_policy_at_once(tmp_path):
     with fakecomfy.installed(tmp_path) as comfy:
         dm = _load("offload to CPU")

@@ -55,7 +55,7 @@ MIN_SIZE = {"DGemmaLoader": (210, 178), "DGemmaRemoteLoader": (210, 130),
             "PreviewAny": (210, 112), "PreviewImage": (140, 26), "EmptyImage": (210, 130),
             "VHS_VideoCombine": (210, 238), "Note": (210, 88),
             # Estimated from the nodes above (their widgets and sockets), not yet measured in the frontend:
-            "DGemmaDecide": (290, 640), "DGemmaRunLogWriter": (270, 130)}
+            "DGemmaDecide": (290, 640), "DGemmaRunLogWriter": (270, 130), "DGemmaLoraLoader": (240, 106)}
 # Video Combine draws its GIF at the node's width less 20 px, as tall as the frame's aspect asks, under
 # 252 px of widgets and margins. A template gives it a width that shows the frame at READABLE of its own
 # size or more at the saved scale (its 6 px cells are hard to read smaller), and the height it takes after
@@ -193,6 +193,21 @@ TEMPLATES = {
              "read from its logits at the start of the answer, over 8 noise draws (bars: mean, whiskers: one "
              "standard error). The trace follows the same reading over the denoising steps; the run log keeps "
              "it. Pick another colour in Empty Image."),
+        ],
+    },
+    "diffusiongemma_lora": {
+        "source": "lora",
+        "view": {"scale": 0.8, "offset": [80, 210]},
+        "nodes": {"1": (0, 0, *T["DGemmaLoader"]), "2": (0, 260, 340, 130), "3": (360, 0, *T["DGemmaSampler"]),
+                  "5": (820, 0, *T["DGemmaSampler"]), "4": (1280, 0, 320, 130), "6": (1280, 170, 320, 130),
+                  "7": (1280, 360, 320, 150)},
+        "notes": [
+            ((0, 430, 340, 200), "LoRA: the loader adds the demo's digits adapter (PEFT's format; yours go in "
+             "models/loras) to the loaded model at a strength. The left Sampler runs through it and answers 7; "
+             "the right one, wired to the plain model, still answers seven: the adapter is a view, the weights "
+             "are never changed."),
+            ((1280, 550, 320, 160), "Each view's header, the trace and the run log name the adapter and its "
+             "strength (+ LoRA name @ 1). Chain loaders to stack adapters; strength 0 is the plain model."),
         ],
     },
     # Three samplers in a row left of the minimap (the only room that reaches below it), their answers in

@@ -190,7 +190,10 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
   }
 
   function setHeader(text) {
-    text = label + text;
+    // The model's LoRAs (" + LoRA name @ 1") end the line, so a screenshot says which adapters answered;
+    // a list run's rows leave them to the view above them.
+    const adapters = !label && typeof run?.adapters === "string" ? run.adapters : "";
+    text = label + text + adapters;
     if (text !== headerText) { header.textContent = text; headerText = text; }
   }
 
@@ -296,7 +299,7 @@ export function createCanvasView(container, { idleText = "DiffusionGemma · wait
     start(ev) {
       stats.events += 1;
       view.reset();
-      run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length };
+      run = { blocks: ev?.blocks, steps: ev?.steps, canvasLength: ev?.canvas_length, adapters: ev?.adapters };
       showAsked(ev?.asked);
       const names = Array.isArray(ev?.states) ? ev.states.map(String).filter((n) => NAME.test(n)) : [];
       if (names.length) stateClass = Object.fromEntries(names.map((n, i) => [String(i), `dg-${n}`]));

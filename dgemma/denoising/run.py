@@ -310,7 +310,8 @@ def _result(item: _Item) -> RunResult:
     summary = req.context.summary() if req.context is not None else None
     run_id = uuid.uuid4().hex
     named = () if req.plain else (scheduler.diffusers_name, scheduler.config())
-    trace = recorder.finish(context=summary, run_id=run_id, scheduler=named)
+    trace = recorder.finish(context=summary, run_id=run_id, scheduler=named,
+                            adapters=tuple((a.name, s) for a, s in dm.adapters))
     image_record = req.images.record if req.images is not None else resume.image if resume is not None else None
     state = _read_result(item, sequence, trace, recorder.snapshot(), image_record)
     config = RunConfig(prompt=req.prompt, knobs=knobs, context=summary, run_id=run_id, image=image_record,

@@ -118,8 +118,9 @@ def _factors(path: Path, tensors: dict) -> dict:
     return {stem: (sides["A"], sides["B"]) for stem, sides in pairs.items()}
 
 
-def read_adapter(path) -> Adapter:
-    """Read and check an adapter on its own (its fit to a model is checked by `adapt`)."""
+def read_adapter(path, name: str | None = None) -> Adapter:
+    """Read and check an adapter on its own (its fit to a model is checked by `adapt`); `name` is what
+    headers call it (default: the folder's or file's name)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -137,7 +138,7 @@ def read_adapter(path) -> Adapter:
         for t in factors[stem]:
             digest.update(stem.encode() + t.float().numpy().tobytes())
     prefix = PREFIX if all(k.startswith(PREFIX) for k in tensors) else ""
-    return Adapter(path.name, str(path), config, factors, digest.hexdigest()[:12], prefix)
+    return Adapter(name or path.name, str(path), config, factors, digest.hexdigest()[:12], prefix)
 
 
 def _rank_alpha(adapter: Adapter, module_path: str) -> tuple[int, float]:

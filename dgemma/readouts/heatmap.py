@@ -160,7 +160,7 @@ def summary(trace, mode: str = "commit", scale: str = "fixed") -> str:
     if why_unknown(trace, "ids"):  # a text-only engine's frames: word pieces of its text, not tokens
         canvas = f"{trace.canvas_length} word pieces of the engine's text per row (not tokens)"
     lines = [f"DGemmaTrace {mode} heatmap: {len(trace)} steps in {trace.num_blocks} block(s), {canvas}",
-             f"scheduler: {trace.scheduler_name} {config}{confidence}"]
+             *trace.model_lines(), f"scheduler: {trace.scheduler_name} {config}{confidence}"]
     for b in range(trace.num_blocks):
         lines += _block_lines(trace, b)
     lines.append("layout: one row per executed step, top to bottom, all blocks stacked; a magenta row "

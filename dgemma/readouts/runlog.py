@@ -189,7 +189,13 @@ def replay(header: dict, frames: list[dict]) -> CanvasTrace:
         pinned_bits=np.packbits(pinned, axis=1) if any("pinned" in f for f in frames) else None,
         times=np.array([(f["t"], f["temperature"]) for f in frames], np.float32),
         scheduler_settings=header.get("scheduler_config"),
-        constrained_bits=np.packbits(changed, axis=1) if header.get("constraint") else None, readings=readings)
+        constrained_bits=np.packbits(changed, axis=1) if header.get("constraint") else None, readings=readings,
+        adapters=_adapters(header))
+
+
+def _adapters(header: dict) -> tuple:
+    """(name, strength) of each LoRA the header names: a replayed trace names them as the run's did."""
+    return tuple((a["name"], a["strength"]) for a in header.get("adapters") or ())
 
 
 def _filled(frames: list[dict]) -> list[dict]:

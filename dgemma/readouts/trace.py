@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..inputs.knobs import Knobs
+from ..payloads import lora_text
 from ..readings import why_unknown
 from ..steps import schedulers
 from .states import UNKNOWN, position_states
@@ -69,6 +70,7 @@ class CanvasTrace:
     scheduler_settings: dict | None = None  # the scheduler's own config, when not the knobs' entropy bound
     constrained_bits: np.ndarray | None = None  # (S, ceil(L/8)) packed: changed by the constraint; None: no constraint
     readings: object = None  # readings.Readings: what a remote engine did not send; None: every reading is exact
+    adapters: tuple = ()  # (name, strength) of each LoRA the model ran with; () for a plain or remote model
 
     def __len__(self) -> int:
         return int(self.steps.shape[0])
@@ -84,9 +86,13 @@ class CanvasTrace:
         extra = [] if self.readings is None else self.readings.lines()
         unit = "word pieces" if why_unknown(self, "ids") else "positions"  # a text-only engine's frames
         return "\n".join([f"canvas trace: {len(self)} steps in {self.num_blocks} block(s) {per_block} of "
-                           f"{self.canvas_length} {unit} · {self.scheduler_name}",
+                           f"{self.canvas_length} {unit} · {self.scheduler_name}", *self.model_lines(),
                            f"last step: {committed} committed, mean entropy {entropy}", self.stop_readout(), *extra,
                            "wire it to Trace Heatmap (DGemmaTrace), or to the Run Log Writer"])
+
+    def model_lines(self) -> list[str]:
+        """The adapters the run's model had, as one line ('model + LoRA name @ 1'); none for a plain model."""
+        return [f"model{lora_text(self.adapters)}"] if self.adapters else []
 
     def stop_readout(self) -> str:
         """How many blocks the adaptive stop ended, and, when none, the scheduler's own word on why."""
@@ -284,9 +290,10 @@ class Recorder:
         return _frozen(np.array([blank if getattr(r, field) is None else getattr(r, field) for r in self._rows],
                                 np.uint8))
 
-    def finish(self, context: dict | None = None, run_id: str = "", scheduler: tuple = ()) -> CanvasTrace:
+    def finish(self, context: dict | None = None, run_id: str = "", scheduler: tuple = (),
+               adapters: tuple = ()) -> CanvasTrace:
         """The frozen trace; `scheduler` is (diffusers name, its config), empty for the default scheduler's
-        name and a config read from the knobs."""
+        name and a config read from the knobs; `adapters` the model's LoRAs, (name, strength) each."""
         L = self.canvas_length
         rows, packed = self._rows, (0, (L + 7) // 8)
         col = lambda k, dt, shape: (np.array([getattr(r, k) for r in rows], dtype=dt) if rows else np.zeros(shape, dt))
@@ -301,4 +308,4 @@ class Recorder:
             run_id=run_id, token_strings=self.token_strings, times=_frozen(times),
             knob_sets=tuple(self.knob_sets), knob_index=_frozen(col("knob_set", np.uint8, (0,))),
             scheduler_settings=settings, pinned_bits=self._bits("pinned_bits"),
-            constrained_bits=self._bits("constrained_bits"))
+            constrained_bits=self._bits("constrained_bits"), adapters=tuple(adapters))
