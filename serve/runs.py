@@ -134,8 +134,8 @@ class Engine:
         return results, [self._meta(r) for r in results], wall, held + len(requests[0].turn)
 
     def warm(self, constraints) -> threading.Thread:
-        """Compile the common constraints (each made by a callable: making one writes its regex) in the background (read from the disk cache where kept), so the
-        first request that asks for one finds it compiled."""
+        """Compile the common constraints in the background (each made by a callable: making one writes its
+        regex), or read them from the disk cache, so the first request that asks for one finds it compiled."""
         def compile_all():
             for make in constraints:
                 try:

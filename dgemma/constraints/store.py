@@ -123,8 +123,7 @@ def _parsed(raw: bytes, key: str) -> tuple[Table, int] | None:
         return None
     head = json.loads(raw[at:at + size])
     rows, nfinals, initial, end = (head[k] for k in ("rows", "finals", "initial", "end"))
-    if head["key"] != key or not all(type(v) is int and 0 <= v for v in (rows, nfinals, initial, end)) \
-            or rows > MAX_ROWS or nfinals > MAX_ROWS:
+    if head["key"] != key or not _counts(rows, nfinals, initial, end):
         return None
     body = raw[at + size:]
     if len(body) != 4 * (3 * rows + nfinals) or hashlib.sha256(body).hexdigest() != head["sha256"]:
@@ -134,3 +133,8 @@ def _parsed(raw: bytes, key: str) -> tuple[Table, int] | None:
     if (ints < 0).any() or (rows and int(tok.max()) > end):
         return None
     return Table(src, tok, dst, initial, finals.tolist()), end
+
+
+def _counts(rows, nfinals, initial, end) -> bool:
+    numbers = (rows, nfinals, initial, end)
+    return all(type(v) is int and 0 <= v < 2**31 for v in numbers) and rows <= MAX_ROWS and nfinals <= MAX_ROWS
