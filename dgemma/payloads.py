@@ -240,6 +240,7 @@ class RunConfig:
                "context": self.context, "image": self.image, "advanced": self.advanced,
                "constraint": self.constraint, "run_id": self.run_id,
                **({"decision": self.decision} if self.decision is not None else {}),
+               **({"model_defaults": self.model_defaults} if self.model_defaults is not None else {}),
                **({"adapters": [dict(a) for a in self.adapters]} if self.adapters else {})}
         return out if self.readings is None else {**out, "readings": self.readings.asdict()}
 

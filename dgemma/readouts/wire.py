@@ -222,7 +222,8 @@ def config_of(cfg: dict, knobs: Knobs) -> RunConfig:
     names = {name: text(cfg, name, NAME_LIMIT, w) for name in ("model_source", "quant", "device", "dtype")}
     return RunConfig(prompt=text(cfg, "prompt", TEXT_LIMIT, w), knobs=knobs, **names, run_id=text(cfg, "run_id", 64, w),
                      context=obj(cfg, "context", w, True), image=obj(cfg, "image", w, True),
-                     advanced=obj(cfg, "advanced", w, True), constraint=obj(cfg, "constraint", w, True))
+                     advanced=obj(cfg, "advanced", w, True), constraint=obj(cfg, "constraint", w, True),
+                     model_defaults=_flat(cfg, "model_defaults", w))
 
 
 def result_parts(data: dict, rows: list, canvas_length: int, token_strings, vocab_size: int):
