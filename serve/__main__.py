@@ -74,6 +74,9 @@ def parse(argv):
     p.add_argument("--lenient", action="store_true",
                    help="ignore request fields the server does not implement (tools, temperature, ...) with an "
                         "X-DGemma-Warning header instead of a 400")
+    p.add_argument("--no-warm", action="store_true",
+                   help="do not compile json_object and the example schemas in the background at start (they are "
+                        "kept on disk, so only a server's first start with a tokenizer compiles them)")
     return p.parse_args(argv)
 
 
@@ -118,6 +121,7 @@ def run(args, token: str, sock: socket.socket) -> int:
     from diffusiongemma.serve.app import build_app
     from diffusiongemma.serve.runs import Engine
     from diffusiongemma.serve.safety import Policy
+    from diffusiongemma.serve.structured import common
 
     name = args.model or DEMO_NAME
     try:
@@ -129,6 +133,8 @@ def run(args, token: str, sock: socket.socket) -> int:
     engine = Engine(dm, name if name == DEMO_NAME else Path(name).name or name, max_queue=args.max_queue)
     policy = Policy.of(token, args.host, args.allowed_host, args.allow_origin)
     app = build_app(engine, policy, args.max_body_mb * 2**20, lenient=args.lenient)
+    if not args.no_warm:
+        engine.warm(common())
     return serve(app, args.host, sock)
 
 

@@ -32,6 +32,9 @@ POLICY = web.AppKey("policy", Policy)
 CONNECTIONS = web.AppKey("connections", Connections)
 LENIENT = web.AppKey("lenient", bool)
 MAX_MESSAGE = 600  # characters of an error message: a client's huge value is never echoed whole
+COMPILING, TICK = object(), object()  # queue markers: the run's constraint compiles; nothing came for a while
+COMPILING_COMMENT = b": compiling the constraint\n\n"  # an SSE comment: clients skip it, their timeouts reset
+GRACE_S, HEARTBEAT_S = 1.0, 5.0
 
 
 def clip(text: str) -> str:
@@ -276,10 +279,14 @@ async def stream(request, engine, job, ids):
     top = {**head(), "model": engine.model_id}
     chunk = engine.frame_chunk(top, job.knobs.num_inference_steps)
     on_frame = lambda index, frame: loop.call_soon_threadsafe(queue.put_nowait, chunk(index, frame))
-    run = loop.run_in_executor(engine.worker, engine.run, job, ids, on_frame, cancel)
+    on_compile = lambda: loop.call_soon_threadsafe(queue.put_nowait, COMPILING)
+    run = loop.run_in_executor(engine.worker, engine.run, job, ids, on_frame, cancel, on_compile)
     run.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
     retrieved(run)
     first = await queue.get()
+    compiling = first is COMPILING
+    if compiling:
+        first = await next_item(queue, GRACE_S)  # a quick refusal still answers a plain 4xx
     if first is None and run.exception() is not None:
         raise run.exception()  # refused before any step: a plain 4xx (an InputError) or a 500
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -291,8 +298,9 @@ async def stream(request, engine, job, ids):
                                                           "finish_reason": None}]}))
         item = first
         while item is not None:
-            await response.write(item)
-            item = await queue.get()
+            compiling = compiling and item is TICK  # a client with a 30-60 s timeout hears from a long compile
+            await response.write(COMPILING_COMMENT if item is TICK else item)
+            item = await next_item(queue, HEARTBEAT_S) if compiling else await queue.get()
         await response.write(ending(top, engine, job, run))
     except ConnectionError:
         cancel.event.set()  # the client went away: the run stops at its next step; nobody reads an answer
@@ -300,6 +308,14 @@ async def stream(request, engine, job, ids):
         cancel.event.set()
         raise
     return response
+
+
+async def next_item(queue, timeout: float):
+    """The queue's next item, or TICK when none came within `timeout` seconds."""
+    try:
+        return await asyncio.wait_for(queue.get(), timeout)
+    except asyncio.TimeoutError:
+        return TICK
 
 
 def ending(top: dict, engine, job, run) -> bytes:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from ..dgemma.backend import backend_of
+from ..dgemma.constraints.constraint import automaton
+from ..dgemma.constraints.guide import compiled_for, needs_compile
 from ..dgemma.denoising.context import encode_chat
 from ..dgemma.denoising.run import prepare, run_batch
 from ..dgemma.errors import InputError
@@ -69,6 +72,7 @@ class Engine:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgemma-run")
         self.jobs = 0  # running + waiting
         self.started = 0  # runs and encodes admitted since the server started
+        self.warmed = 0  # common constraints compiled (or read) at start
         self._lock = threading.Lock()
 
     def admit(self) -> bool:
@@ -109,10 +113,13 @@ class Engine:
             return None
         return chat_ids(self.dm, job.chat, job.knobs.thinking, with_bos=job.options.get("context") is None)
 
-    def run(self, job, ids, on_frame, should_cancel) -> tuple[list, list[dict], float, int]:
+    def run(self, job, ids, on_frame, should_cancel, on_compile=None) -> tuple[list, list[dict], float, int]:
         """Run a job's choices as one batch on the worker thread, `ids` its rendered conversation (or None):
-        (RunResults, their result_json, wall seconds, prompt tokens)."""
+        (RunResults, their result_json, wall seconds, prompt tokens). `on_compile()` is called first when the
+        job's constraint is not compiled yet, so a stream can say why its first step is late."""
         start = time.perf_counter()
+        if on_compile is not None and needs_compile(self.dm, job.options.get("constraint")):
+            on_compile()
         options, prompt, held = dict(job.options), job.prompt, 0
         if ids is not None:
             onto = options.get("context")
@@ -125,6 +132,21 @@ class Engine:
         results = run_batch(requests, on_frame=on_frame, should_cancel=should_cancel)
         wall = time.perf_counter() - start
         return results, [self._meta(r) for r in results], wall, held + len(requests[0].turn)
+
+    def warm(self, constraints) -> threading.Thread:
+        """Compile the common constraints in the background (each made by a callable: making one writes its
+        regex), or read them from the disk cache, so the first request that asks for one finds it compiled."""
+        def compile_all():
+            for make in constraints:
+                try:
+                    automaton(self.dm, compiled_for(make()))
+                except (InputError, RuntimeError, OSError) as err:  # a request for it will say why
+                    print(f"could not compile a common constraint at start: {err}", file=sys.stderr)
+                self.warmed += 1
+
+        thread = threading.Thread(target=compile_all, name="dgemma-warm", daemon=True)
+        thread.start()
+        return thread
 
     def _meta(self, result) -> dict:
         """A result's result_json, its resume and context kept under new handles."""

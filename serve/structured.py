@@ -133,3 +133,12 @@ def checked(name: str, make):
         if err.name in ("constraint", "constraint_type") and name != "constraint":
             raise InputError(name, f"{name}: {err}") from None
         raise
+
+
+def common() -> list:
+    """The constraints a server compiles at start, each as a callable that makes it: `json_object` first (the
+    commonest), the example schemas, and `json_object` again (read back, so it stays among those kept in memory)."""
+    from ..testing.schemas import SCHEMAS, SUM
+
+    texts = [JSON_OBJECT, *(json.dumps(s) for s in (*SCHEMAS.values(), SUM)), JSON_OBJECT]
+    return [lambda text=text: Constraint("json_schema", text) for text in texts]

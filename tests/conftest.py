@@ -78,3 +78,11 @@ def no_model_work(monkeypatch):
     for module in (run, context, loop):
         monkeypatch.setattr(module, "encode_ids", refuse)
     monkeypatch.setattr(loop.BlockDecoder, "logits", refuse)
+
+
+@pytest.fixture(autouse=True)
+def constraint_cache(tmp_path_factory, monkeypatch):
+    """Each test its own compiled-automaton cache: a test that counts compiles never reads another's files."""
+    where = tmp_path_factory.mktemp("constraints")
+    monkeypatch.setenv("DGEMMA_CONSTRAINT_CACHE", str(where))
+    return where

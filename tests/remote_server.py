@@ -21,10 +21,12 @@ def _files_limit(files: int):
 
 
 @contextmanager
-def served(*args: str, env: dict | None = None, files: int | None = None):
+def served(*args: str, env: dict | None = None, files: int | None = None, warm: bool = False):
     """Start the server on a free port (with at most `files` open files, if given); yields its URL and the
-    process; stops it afterwards."""
-    proc = subprocess.Popen([sys.executable, "-m", "serve", "--port", "0", *args], cwd=REPO,
+    process; stops it afterwards. No constraints compile at start unless `warm`: they would take the CPU
+    the tests and benchmarks measure."""
+    more = () if warm else ("--no-warm",)
+    proc = subprocess.Popen([sys.executable, "-m", "serve", "--port", "0", *more, *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})}, preexec_fn=files and _files_limit(files))
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from . import store
 from .budget import compile_index
 from .vocab import token_bytes
 
@@ -47,14 +48,26 @@ class Automaton:
 
     @classmethod
     def build(cls, constraint, dm, should_cancel=None) -> Automaton:
-        """Compiled by outlines-core in a child process, within the budget (`budget.compile_index`)."""
+        """Read from the disk cache (`store`), else compiled by outlines-core in a child process within the
+        budget (`budget.compile_index`) and kept there for the next process."""
+        eos = int(dm.eos_ids[0])
+        key = store.key_of(f"{dm.tokenizer_fingerprint}\n{eos}", constraint.kind, constraint.text)
+        kept = store.load(key)
+        if kept is None:
+            kept = cls.compiled(constraint, dm, should_cancel)
+            store.save(key, *kept)
         tok = dm.tokenizer
-        pieces = token_bytes(tok)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+        return cls(kept[0], dm.eos_ids, dm.channel_ids, pad, kept[1])
+
+    @staticmethod
+    def compiled(constraint, dm, should_cancel=None) -> tuple[store.Table, int]:
+        """(the index as a table, the end marker's token id), compiled now."""
+        pieces = token_bytes(dm.tokenizer)
         end = max(max(ids) for ids in pieces.values()) + 1  # an id past the vocabulary: never a model's token
         pieces[END_BYTE] = [*pieces.get(END_BYTE, []), end]
         index = compile_index(constraint.regex, int(dm.eos_ids[0]), pieces, constraint.costliest, should_cancel)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else int(dm.eos_ids[0])
-        return cls(index, dm.eos_ids, dm.channel_ids, pad, end)
+        return store.Table.of(index), end
 
     def next_state(self, state: int, token: int):
         """The state after writing `token` in `state`, or None where the constraint forbids it."""

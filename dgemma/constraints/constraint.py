@@ -288,7 +288,7 @@ def automaton(dm, constraint: Constraint, should_cancel=None):
     (`should_cancel`) stops a compile."""
     from .automaton import Automaton
 
-    key = (dm.tokenizer_fingerprint, constraint.kind, constraint.text)
+    key = _key(dm, constraint)
     with _lock:
         found = _compiled.get(key)
         if found is None:
@@ -298,3 +298,12 @@ def automaton(dm, constraint: Constraint, should_cancel=None):
                 _compiled.pop(next(iter(_compiled)))
             _compiled[key] = found
     return found
+
+
+def _key(dm, constraint: Constraint) -> tuple:
+    return dm.tokenizer_fingerprint, constraint.kind, constraint.text
+
+
+def held(dm, constraint: Constraint) -> bool:
+    """Whether `automaton` answers from memory, at once."""
+    return _key(dm, constraint) in _compiled

@@ -231,3 +231,18 @@ def guide_for(dm, constraint, gen_length: int, should_cancel=None) -> GuidePlan 
                                        f"EOS, over the {positions} positions gen_length {gen_length} generates; "
                                        "raise gen_length or loosen the constraint")
     return GuidePlan(found, constraint, dm.canvas_length, blocks, shape)
+
+
+def compiled_for(constraint):
+    """The constraint the automaton is compiled from: a schema of one value compiles as its choice."""
+    from .one_value import one_value
+
+    shape = one_value(constraint)
+    return constraint if shape is None else shape.choice
+
+
+def needs_compile(dm, constraint) -> bool:
+    """Whether a run with `constraint` waits for a compile (or a read from the disk cache) first."""
+    from .constraint import held
+
+    return constraint is not None and constraint.active and not held(dm, compiled_for(constraint))
