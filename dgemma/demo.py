@@ -15,6 +15,9 @@ DEMO_LORA_DIR = Path(__file__).resolve().parent / "demo_lora"
 # The task it was trained on: "What is a+b?" (a, b in 0..9) answered in words.
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen")
+# Its answer as JSON (the structured example graph's schema): {"sum": "<a word>"}.
+ANSWER_SCHEMA = {"type": "object", "properties": {"sum": {"enum": list(WORDS)}}, "required": ["sum"],
+                 "additionalProperties": False}
 
 
 def demo_available() -> bool:

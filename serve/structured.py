@@ -137,8 +137,9 @@ def checked(name: str, make):
 
 def common() -> list:
     """The constraints a server compiles at start, each as a callable that makes it: `json_object` first (the
-    commonest), the example schemas, and `json_object` again (read back, so it stays among those kept in memory)."""
-    from ..testing.schemas import SCHEMAS, SUM
+    commonest), the example graph's schema, and `json_object` again (read back, so it stays among those kept in
+    memory)."""
+    from ..dgemma.demo import ANSWER_SCHEMA
 
-    texts = [JSON_OBJECT, *(json.dumps(s) for s in (*SCHEMAS.values(), SUM)), JSON_OBJECT]
+    texts = [JSON_OBJECT, json.dumps(ANSWER_SCHEMA), JSON_OBJECT]
     return [lambda text=text: Constraint("json_schema", text) for text in texts]

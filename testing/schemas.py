@@ -4,7 +4,7 @@ demo's own answer as JSON."""
 
 from __future__ import annotations
 
-from ..dgemma.demo import WORDS
+from ..dgemma.demo import ANSWER_SCHEMA
 
 SCHEMAS = {
     "nested": {"type": "object", "properties": {
@@ -19,5 +19,4 @@ SCHEMAS = {
     "pattern": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
                 "required": ["code"]},
 }
-SUM = {"type": "object", "properties": {"sum": {"enum": list(WORDS)}}, "required": ["sum"],
-       "additionalProperties": False}
+SUM = ANSWER_SCHEMA
