@@ -122,3 +122,10 @@ def test_an_import_up_or_a_loop_is_found(tmp_path):
     edges = graph(tmp_path, ["dgemma", "remote"])
     assert upward(edges) == ["dgemma.readouts.trace:1 imports dgemma.denoising.loop: denoising is not below readouts"]
     assert cycles(edges) == [["dgemma.denoising.loop", "dgemma.denoising.run"]]
+
+
+def test_shipped_code_imports_nothing_made_for_tests():
+    shipped = [p for names in PACKAGES for p in names.split()]
+    edges = graph(ROOT, [*shipped, "testing"])
+    assert [f"{a}:{line} imports {b}" for a, targets in edges.items() if a.split(".")[0] != "testing"
+            for b, line in targets if b.split(".")[0] == "testing"] == []
