@@ -61,7 +61,7 @@ def parse(argv):
     p.add_argument("--port", type=int_in(0, 65535), default=8190, help="TCP port; 0 picks a free one (printed)")
     p.add_argument("--token", default=None, help="bearer token clients must send")
     p.add_argument("--token-env", default="DGEMMA_SERVE_TOKEN", help="environment variable holding the token")
-    p.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    p.add_argument("--device", default="auto", help="auto, cuda, cuda:N (a GPU by index) or cpu")
     p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     p.add_argument("--quant", default="auto", help="auto, none, autoround, 4bit or 8bit (see the Loader's quant)")
     p.add_argument("--max-queue", type=int_in(0, None), default=8, help="requests waiting behind the running one")
