@@ -1,0 +1,92 @@
+"""Fast GGUF block kernels for the types a K-quant file mostly holds (Q4_K, Q5_0, Q8_0, Q6_K).
+
+Each kernel writes one chunk of blocks as float32 into a caller's buffer through `out=` and in-place
+torch ops, so a chunk small enough to stay in the CPU's cache is read and written a few times without a
+new allocation. The values are the `gguf` package's bit for bit: every product here is exact in float32
+(a half-float scale of 11 significant bits times integers of at most 13 bits together), so only Q4_K's
+final subtraction rounds, and it is the reference's own operation on the same operands. Offsets (q - 16,
+q - 32) are applied to the integers, as the reference does, so infinite scales give the same infinities
+and NaNs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_TABLES: dict = {}
+
+
+def _bit_table(device) -> torch.Tensor:
+    """Byte -> its eight bits, least significant first, each as 0 or 16 (the fifth bit of a 5-bit quant),
+    packed in one int64 so a gather moves eight weights' high bits at once."""
+    key = ("bits16", str(device))
+    if key not in _TABLES:
+        byte = torch.arange(256, dtype=torch.int64).reshape(256, 1)
+        bits = ((byte >> torch.arange(8).reshape(1, 8)) & 1).to(torch.uint8) << 4
+        _TABLES[key] = bits.contiguous().view(torch.int64).reshape(256).to(device)
+    return _TABLES[key]
+
+
+def _half(raw: torch.Tensor) -> torch.Tensor:
+    """(n, 2) little-endian half floats -> (n, 1) float32."""
+    return raw.contiguous().view(torch.float16).float()
+
+
+def _split_nibbles(qs: torch.Tensor, q: torch.Tensor) -> None:
+    """Bytes (n, g, w) -> q (n, g, 2, w): each group's low nibbles, then its high ones."""
+    torch.bitwise_and(qs, 0x0F, out=q[:, :, 0])
+    torch.bitwise_right_shift(qs, 4, out=q[:, :, 1])
+
+
+def q8_0(b: torch.Tensor, f: torch.Tensor, _q: torch.Tensor) -> None:
+    f.copy_(b[:, 2:].view(torch.int8))
+    f.mul_(_half(b[:, :2]))
+
+
+def q5_0(b: torch.Tensor, f: torch.Tensor, q: torch.Tensor) -> None:
+    n = b.shape[0]
+    _split_nibbles(b[:, 6:].reshape(n, 1, 16), q.view(n, 1, 2, 16))
+    idx = b[:, 2:6].reshape(-1).long()
+    high = torch.take(_bit_table(b.device), idx).view(torch.uint8).view(n, 32)
+    q.bitwise_or_(high).sub_(16)  # wraps in uint8: read as int8 it is q - 16
+    f.copy_(q.view(torch.int8))
+    f.mul_(_half(b[:, :2]))
+
+
+def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 12 bytes of a Q4_K/Q5_K super-block: eight 6-bit scales and eight 6-bit mins."""
+    n = s.shape[0]
+    s = s.reshape(n, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    scales = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
+    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
+    return scales, mins
+
+
+def q4_k(b: torch.Tensor, f: torch.Tensor, q: torch.Tensor) -> None:
+    n = b.shape[0]
+    _split_nibbles(b[:, 16:].reshape(n, 4, 32), q.view(n, 4, 2, 32))
+    sc, mn = _k_scales(b[:, 4:16])
+    d = (_half(b[:, :2]) * sc.float()).reshape(n, 8, 1)
+    dm = (_half(b[:, 2:4]) * mn.float()).reshape(n, 8, 1)
+    g = f.view(n, 8, 32)
+    g.copy_(q.view(n, 8, 32))
+    g.mul_(d).sub_(dm)
+
+
+def q6_k(b: torch.Tensor, f: torch.Tensor, q: torch.Tensor) -> None:
+    n = b.shape[0]
+    _split_nibbles(b[:, :128].reshape(n, 2, 64), q.view(n, 2, 2, 64))
+    qh = b[:, 128:192].reshape(n, 2, 32)
+    q4 = q.view(n, 2, 4, 32)
+    for k in range(4):  # bits 2k..2k+1 of the high byte are the top two bits of the k-th 32 of each half
+        part = torch.bitwise_left_shift(qh, 4 - 2 * k) if k < 2 else torch.bitwise_right_shift(qh, 2 * k - 4)
+        q4[:, :, k].bitwise_or_(part.bitwise_and_(0x30))
+    q.sub_(32)  # wraps in uint8: read as int8 it is q - 32
+    d = (_half(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float()).reshape(n, 16, 1)
+    g = f.view(n, 16, 16)
+    g.copy_(q.view(torch.int8).view(n, 16, 16))
+    g.mul_(d)
+
+
+KERNELS = {6: q5_0, 8: q8_0, 12: q4_k, 14: q6_k}
