@@ -173,26 +173,52 @@ def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], dtype=torc
 def _by_blocks(blocks: torch.Tensor, qtype: int, dtype) -> torch.Tensor:
     """Blocks (n, bytes) -> (n, weights) of `dtype` through the type's kernel, a chunk at a time.
 
-    On the CPU the kernels run on one intra-op thread: each chunk is a dozen short ops, and with several
-    threads every op ends at a barrier that waits for a thread the OS has descheduled whenever the
-    machine is busy (measured: 10-40 M weights/s on two threads of a loaded 2-core machine, 300 on one)."""
-    if blocks.device.type != "cpu":
-        return _chunks(blocks, qtype, dtype, DEVICE_CHUNK)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _chunks(blocks, qtype, dtype, CPU_CHUNK)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _chunks(blocks: torch.Tensor, qtype: int, dtype, chunk: int) -> torch.Tensor:
-    """Two scratch buffers reused for every chunk; float32 goes straight into the result."""
+    On the CPU each of torch's threads takes its own share of the chunks and runs their ops on itself
+    alone: a chunk is a dozen short ops, and with torch's intra-op threads every op ends at a barrier
+    that waits for a thread the OS has descheduled whenever the machine is busy (measured: 10-40 M
+    weights/s on two threads of a loaded 2-core machine, 300 per thread this way)."""
     size = TYPES[qtype][1]
     n = blocks.shape[0]
     out = torch.empty(n, size, dtype=dtype, device=blocks.device)
+    if blocks.device.type != "cpu":
+        _chunks(blocks, out, qtype, DEVICE_CHUNK)
+        return out
+    threads = torch.get_num_threads()
+    share = -(-n // max(1, min(threads, n * size // CPU_CHUNK)))
+    parts = [(blocks[i:i + share], out[i:i + share]) for i in range(0, n, share)]
+    try:
+        torch.set_num_threads(1)
+        if len(parts) == 1:
+            _chunks(*parts[0], qtype, CPU_CHUNK)
+        else:
+            list(_pool(threads).map(lambda p: _alone(p[0], p[1], qtype), parts))
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+_POOLS: dict = {}
+
+
+def _pool(threads: int):
+    from concurrent.futures import ThreadPoolExecutor
+
+    if threads not in _POOLS:
+        _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="gguf-dequant")
+    return _POOLS[threads]
+
+
+def _alone(blocks: torch.Tensor, out: torch.Tensor, qtype: int) -> None:
+    torch.set_num_threads(1)  # a thread's own setting: each worker thread runs its ops on itself
+    _chunks(blocks, out, qtype, CPU_CHUNK)
+
+
+def _chunks(blocks: torch.Tensor, out: torch.Tensor, qtype: int, chunk: int) -> None:
+    """Into `out`, with two scratch buffers reused for every chunk; float32 goes straight into `out`."""
+    size = TYPES[qtype][1]
+    n = blocks.shape[0]
     step = min(max(1, chunk // size), n)
-    f = out if dtype == torch.float32 else torch.empty(step, size, device=blocks.device)
+    f = out if out.dtype == torch.float32 else torch.empty(step, size, device=blocks.device)
     q = torch.empty(step, size, dtype=torch.uint8, device=blocks.device)
     for start in range(0, n, step):
         stop = min(start + step, n)
@@ -200,7 +226,6 @@ def _chunks(blocks: torch.Tensor, qtype: int, dtype, chunk: int) -> torch.Tensor
         KERNELS[qtype](blocks[start:stop], part, q[:stop - start])
         if f is not out:
             out[start:stop].copy_(part)
-    return out
 
 
 def _rows(rows: torch.Tensor, qtype: int, nbytes: int, out_row: int) -> torch.Tensor:
