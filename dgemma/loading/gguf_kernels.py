@@ -3,10 +3,10 @@
 Each kernel writes one chunk of blocks as float32 into a caller's buffer through `out=` and in-place
 torch ops, so a chunk small enough to stay in the CPU's cache is read and written a few times without a
 new allocation. The values are the `gguf` package's bit for bit: every product here is exact in float32
-(a half-float scale of 11 significant bits times integers of at most 13 bits together), so only Q4_K's
-final subtraction rounds, and it is the reference's own operation on the same operands. Offsets (q - 16,
-q - 32) are applied to the integers, as the reference does, so infinite scales give the same infinities
-and NaNs.
+(a half-float scale's 11 significant bits times integers of at most 12 together fit its 24), so only
+Q4_K's final subtraction rounds, and it is the reference's own operation on the same operands. Offsets
+(q - 16, q - 32) are applied to the integers, as the reference does, so infinite scales give the same
+infinities and NaNs.
 """
 
 from __future__ import annotations
