@@ -37,7 +37,7 @@ def _wide(*tensors: torch.Tensor) -> tuple[torch.dtype, int]:
     mask repeated to it: uint8 shifts run element by element, so bytes are shifted four or two at a time
     (the masks drop whatever crosses from a neighbouring byte)."""
     for dtype, width, repeat in ((torch.int32, 4, 0x01010101), (torch.int16, 2, 0x0101)):
-        if all(t.shape[-1] % width == 0 and t.storage_offset() % width == 0
+        if all(t.shape[-1] % width == 0 and t.stride(-1) == 1 and t.storage_offset() % width == 0
                and all(s % width == 0 for s in t.stride()[:-1]) for t in tensors):
             return dtype, repeat
     return torch.uint8, 1

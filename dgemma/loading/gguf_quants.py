@@ -9,6 +9,8 @@ no step fuses them).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .gguf_kernels import KERNELS
@@ -183,20 +185,22 @@ def _by_blocks(blocks: torch.Tensor, qtype: int, dtype) -> torch.Tensor:
     if blocks.device.type != "cpu":
         _chunks(blocks, out, qtype, DEVICE_CHUNK)
         return out
-    threads = torch.get_num_threads()
-    share = -(-n // max(1, min(threads, n * size // CPU_CHUNK)))
-    parts = [(blocks[i:i + share], out[i:i + share]) for i in range(0, n, share)]
-    try:
-        torch.set_num_threads(1)
-        if len(parts) == 1:
-            _chunks(*parts[0], qtype, CPU_CHUNK)
-        else:
-            list(_pool(threads).map(lambda p: _alone(p[0], p[1], qtype), parts))
-    finally:
-        torch.set_num_threads(threads)
+    with _THREADS:  # the thread count is the process's: two callers must not restore each other's
+        threads = torch.get_num_threads()
+        share = -(-n // max(1, min(threads, n * size // CPU_CHUNK)))
+        parts = [(blocks[i:i + share], out[i:i + share]) for i in range(0, n, share)]
+        try:
+            torch.set_num_threads(1)
+            if len(parts) == 1:
+                _chunks(*parts[0], qtype, CPU_CHUNK)
+            else:
+                list(_pool(threads).map(lambda p: _alone(p[0], p[1], qtype), parts))
+        finally:
+            torch.set_num_threads(threads)
     return out
 
 
+_THREADS = threading.Lock()
 _POOLS: dict = {}
 
 
