@@ -78,7 +78,7 @@ def q5_0(b: torch.Tensor, f: torch.Tensor, q: torch.Tensor) -> None:
     f.mul_(_half(b[:, :2]))
 
 
-def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 12 bytes of a Q4_K/Q5_K super-block: eight 6-bit scales and eight 6-bit mins."""
     n = s.shape[0]
     s = s.reshape(n, 3, 4)
@@ -91,7 +91,7 @@ def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def q4_k(b: torch.Tensor, f: torch.Tensor, q: torch.Tensor) -> None:
     n = b.shape[0]
     nibbles = _split_nibbles(b[:, 16:].reshape(n, 4, 32), q)
-    sc, mn = _k_scales(b[:, 4:16])
+    sc, mn = k_scales(b[:, 4:16])
     d = (_half(b[:, :2]) * sc.float()).reshape(n, 8, 1)
     dm = (_half(b[:, 2:4]) * mn.float()).reshape(n, 8, 1)
     g = f.view(n, 8, 32)

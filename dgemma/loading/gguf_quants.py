@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from .gguf_kernels import KERNELS
+from .gguf_kernels import KERNELS, k_scales
 
 CPU_CHUNK = 1 << 20  # weights per kernel chunk on the CPU: its buffers (5 MiB) stay in cache between passes
 DEVICE_CHUNK = 16 << 20  # on an accelerator, larger chunks: fewer launches
@@ -57,10 +57,6 @@ def _bits(qh: torch.Tensor) -> torch.Tensor:
     return ((qh.reshape(n, -1, 1) >> _shifts(range(8), qh.device).reshape(1, 1, 8)) & 1).reshape(n, -1)
 
 
-def q8_0(b):
-    return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
-
-
 def q4_0(b):
     q = (_nibbles(b[:, 2:], 1).to(torch.int8) - 8).float()
     return _f16(b[:, :2]) * q
@@ -74,36 +70,17 @@ def _five_bits(qh, qs):
     return _nibbles(qs, 1) | (_bits(qh) << 4)
 
 
-def q5_0(b):
-    q = (_five_bits(b[:, 2:6], b[:, 6:]).to(torch.int8) - 16).float()
-    return _f16(b[:, :2]) * q
-
-
 def q5_1(b):
     return _f16(b[:, :2]) * _five_bits(b[:, 4:8], b[:, 8:]).float() + _f16(b[:, 2:4])
-
-
-def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 12 bytes of a Q4_K/Q5_K super-block: eight 6-bit scales and eight 6-bit mins."""
-    n = s.shape[0]
-    s = s.reshape(n, 3, 4)
-    d, m, md = s[:, 0], s[:, 1], s[:, 2]
-    scales = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
-    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
-    return scales, mins
 
 
 def _k_scaled(b, q):
     """d * scale * q - dmin * min over the eight 32-weight groups of a super-block."""
     n = b.shape[0]
-    sc, mn = _k_scales(b[:, 4:16])
+    sc, mn = k_scales(b[:, 4:16])
     d = (_f16(b[:, :2]) * sc.float()).reshape(n, 8, 1)
     dm = (_f16(b[:, 2:4]) * mn.float()).reshape(n, 8, 1)
     return (d * q.reshape(n, 8, 32).float() - dm).reshape(n, QK_K)
-
-
-def q4_k(b):
-    return _k_scaled(b, _nibbles(b[:, 16:], 4))
 
 
 def q5_k(b):
@@ -111,15 +88,6 @@ def q5_k(b):
     low = _nibbles(b[:, 48:], 4)
     high = ((b[:, 16:48].reshape(n, 1, 32) >> _shifts(range(8), b.device).reshape(1, 8, 1)) & 1).reshape(n, -1)
     return _k_scaled(b, low | (high << 4))
-
-
-def q6_k(b):
-    n = b.shape[0]
-    low = _nibbles(b[:, :128], 2)
-    high = ((b[:, 128:192].reshape(n, 2, 1, 32) >> _shifts([0, 2, 4, 6], b.device).reshape(1, 1, 4, 1)) & 3)
-    q = ((low | (high.reshape(n, -1) << 4)).to(torch.int8) - 32).reshape(n, 16, 16).float()
-    d = (_f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float()).reshape(n, 16, 1)
-    return (d * q).reshape(n, QK_K)
 
 
 def f32(b):
@@ -134,7 +102,8 @@ def bf16(b):
     return (b.contiguous().view(torch.int16).to(torch.int32) << 16).view(torch.float32)
 
 
-BLOCKS = {0: f32, 1: f16, 2: q4_0, 3: q4_1, 6: q5_0, 7: q5_1, 8: q8_0, 12: q4_k, 13: q5_k, 14: q6_k, 30: bf16}
+# The types without a fast kernel (gguf_kernels.KERNELS has Q5_0, Q8_0, Q4_K and Q6_K), whole blocks at a time.
+BLOCKS = {0: f32, 1: f16, 2: q4_0, 3: q4_1, 7: q5_1, 13: q5_k, 30: bf16}
 
 
 def type_name(qtype: int) -> str:
@@ -156,7 +125,7 @@ def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], dtype=torc
     `chunk_rows` > 0 converts that many rows at a time into the result, so the float32 intermediate of
     a large tensor is never whole (the values are the same either way). The types with a fast kernel
     always go by chunks of blocks instead, small enough to stay in the CPU's cache."""
-    if qtype not in BLOCKS:
+    if qtype not in BLOCKS and qtype not in KERNELS:
         raise ValueError(f"GGUF tensor type {type_name(qtype)} is not supported")
     _, size, nbytes = TYPES[qtype]
     rows = raw.reshape(-1, raw.shape[-1])
