@@ -39,7 +39,7 @@ load_pack()
 from conftest import cache_base, checkpoint  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 
-from diffusiongemma.dgemma import Constraint, Knobs, load_model  # noqa: E402
+from diffusiongemma.dgemma import Knobs, load_model  # noqa: E402
 from diffusiongemma.dgemma.demo import DEMO_DIR  # noqa: E402
 from diffusiongemma.dgemma.denoising import loop  # noqa: E402
 from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch  # noqa: E402
@@ -47,7 +47,7 @@ from diffusiongemma.dgemma.loading import deviceplan, load, machine  # noqa: E40
 from diffusiongemma.testing import realslice  # noqa: E402
 from diffusiongemma.testing.batchcheck import differences, entropy_exact  # noqa: E402
 from diffusiongemma.testing.tensorpeak import TensorPeak  # noqa: E402
-from diffusiongemma.testing.waits import step_waits  # noqa: E402
+from diffusiongemma.testing.waits import MODES, mode_run, step_waits  # noqa: E402
 
 GIB = 1 << 30
 PROMPTS = ["What is 3+4?", "What is 1+1?", "What is 2+5?", "Say hi.", "What is 6+2?", "Name a colour.",
@@ -76,25 +76,10 @@ def patcher_size_ratio(real: bool) -> float:
     return worst
 
 
-def mode_runs(demo):
-    """(name, a run) per mode: each on the demo, every step run (confidence 0)."""
-    knobs = Knobs(seed=1, num_inference_steps=6, gen_length=64, confidence=0.0)
-    for quant in ("8bit", "4bit"):
-        dm = load_model(str(DEMO_DIR), quant=quant)
-        yield quant, (lambda dm=dm: run(prepare(dm, "What is 3+4?", knobs)))
-    gguf = load_model(str(REPO / "tests/fixtures/gguf/demo-Q4_K_M.gguf"), quant="gguf")
-    yield "gguf", lambda: run(prepare(gguf, "What is 3+4?", knobs))
-    yield "bf16", lambda: run(prepare(demo, "What is 3+4?", knobs))
-    yield "logprobs", lambda: run(prepare(demo, "What is 3+4?", knobs, logprobs=5))
-    yield "constraint", lambda: run(prepare(demo, "What is 3+4?", knobs,
-                                            constraint=Constraint("choice", "seven\nfour")))
-    batch = [prepare(demo, p, knobs) for p in PROMPTS]
-    yield "batch of 8", lambda: run_batch(batch, max_batch=8)
-
-
 def waits_per_step_max(demo) -> int:
     most = 0
-    for name, go in mode_runs(demo):
+    for name in MODES:
+        go = mode_run(name, demo)
         go()  # one-time probes
         steps, worst, names = step_waits(go)
         print(f"{name}: {steps} steps, at most {worst} wait(s) in a step: {dict(names)}", flush=True)

@@ -117,3 +117,27 @@ def step_waits(run) -> tuple[int, int, collections.Counter]:
     finally:
         loop._step = inner
     return len(per_step), max(per_step, default=0), calls.names["step"]
+
+
+MODES = ("bf16", "8bit", "4bit", "gguf", "logprobs", "constraint", "batch of 8")
+
+
+def mode_run(mode: str, demo):
+    """A run of the demo in one of MODES, every step run (confidence 0): what the wait counts are taken over."""
+    from pathlib import Path
+
+    from ..dgemma import Constraint, Knobs, load_model
+    from ..dgemma.demo import DEMO_DIR
+    from ..dgemma.denoising.run import prepare, run, run_batch
+
+    knobs = Knobs(seed=1, num_inference_steps=6, gen_length=64, confidence=0.0)
+    gguf = Path(__file__).resolve().parents[1] / "tests/fixtures/gguf/demo-Q4_K_M.gguf"
+    dm = {"8bit": lambda: load_model(str(DEMO_DIR), quant="8bit"),
+          "4bit": lambda: load_model(str(DEMO_DIR), quant="4bit"),
+          "gguf": lambda: load_model(str(gguf), quant="gguf")}.get(mode, lambda: demo)()
+    if mode == "batch of 8":
+        requests = [prepare(dm, f"What is {i}+{i + 2}?", knobs) for i in range(8)]
+        return lambda: run_batch(requests, max_batch=8)
+    options = {"logprobs": {"logprobs": 5}, "constraint": {"constraint": Constraint("choice", "seven\nfour")}}
+    request = prepare(dm, "What is 3+4?", knobs, **options.get(mode, {}))
+    return lambda: run(request)

@@ -3,8 +3,6 @@ the fused step exactly diffusers', and a NaN in the logits refused."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -14,9 +12,8 @@ from diffusiongemma.dgemma.denoising import loop
 from diffusiongemma.dgemma.denoising.stepcopy import StepCopy, pack
 from diffusiongemma.dgemma.readouts.trace import Recorder
 from diffusiongemma.dgemma.steps import fastpath
-from diffusiongemma.testing.waits import DeviceCalls, step_waits
+from diffusiongemma.testing.waits import MODES, DeviceCalls, mode_run, step_waits
 
-REPO = Path(__file__).resolve().parents[1]
 TRACE = ("blocks", "steps", "ids", "committed_bits", "stop_bits", "pinned_bits", "constrained_bits", "entropy", "times")
 
 
@@ -125,32 +122,6 @@ def test_logits_holding_nan_are_refused(tiny_model, monkeypatch):
     monkeypatch.setattr(loop.BlockDecoder, "logits", broken)
     with pytest.raises(FloatingPointError, match="NaN or infinity"):
         generate(tiny_model, "hello", Knobs(seed=1, num_inference_steps=4, gen_length=256))
-
-
-MODES = ["bf16", "8bit", "4bit", "gguf", "logprobs", "constraint", "batch of 8"]
-
-
-def mode_run(mode: str, demo_model):
-    """A run of the demo (the small real-geometry AutoRound twin for autoround) in one of the modes."""
-    from conftest import cache_base
-
-    from diffusiongemma.dgemma import Constraint, load_model
-    from diffusiongemma.dgemma.demo import DEMO_DIR
-    from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch
-    from diffusiongemma.testing import realslice
-
-    knobs = Knobs(seed=1, num_inference_steps=6, gen_length=64, confidence=0.0)
-    dm = {"8bit": lambda: load_model(str(DEMO_DIR), quant="8bit"),
-          "4bit": lambda: load_model(str(DEMO_DIR), quant="4bit"),
-          "gguf": lambda: load_model(str(REPO / "tests/fixtures/gguf/demo-Q4_K_M.gguf"), quant="gguf"),
-          "autoround": lambda: load_model(str(realslice.int4_dir(realslice.SMALL, cache_base())), quant="autoround"),
-          }.get(mode, lambda: demo_model)()
-    options = {"logprobs": {"logprobs": 5}, "constraint": {"constraint": Constraint("choice", "seven\nfour")}}
-    if mode == "batch of 8":
-        requests = [prepare(dm, f"What is {i}+{i + 2}?", knobs) for i in range(8)]
-        return lambda: run_batch(requests, max_batch=8)
-    request = prepare(dm, "What is 3+4?", knobs, **options.get(mode, {}))
-    return lambda: run(request)
 
 
 @pytest.mark.parametrize("mode", MODES)
