@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from headless import load_pack  # noqa: E402
 
 load_pack()
-from conftest import cache_base, checkpoint  # noqa: E402
+from conftest import cache_base, checkpoint, quantized  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 
 from diffusiongemma.dgemma import Knobs, load_model  # noqa: E402
@@ -79,7 +79,7 @@ def patcher_size_ratio(real: bool) -> float:
 def waits_per_step_max(demo) -> int:
     most = 0
     for name in MODES:
-        go = mode_run(name, demo)
+        go = mode_run(name, demo, lambda: quantized(DEMO_DIR, "demo"))
         go()  # one-time probes
         steps, worst, names = step_waits(go)
         print(f"{name}: {steps} steps, at most {worst} wait(s) in a step: {dict(names)}", flush=True)

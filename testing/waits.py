@@ -119,11 +119,12 @@ def step_waits(run) -> tuple[int, int, collections.Counter]:
     return len(per_step), max(per_step, default=0), calls.names["step"]
 
 
-MODES = ("bf16", "8bit", "4bit", "gguf", "logprobs", "constraint", "batch of 8")
+MODES = ("bf16", "8bit", "4bit", "autoround", "gguf", "logprobs", "constraint", "batch of 8")
 
 
-def mode_run(mode: str, demo):
-    """A run of the demo in one of MODES, every step run (confidence 0): what the wait counts are taken over."""
+def mode_run(mode: str, demo, int4=None):
+    """A run of the demo in one of MODES, every step run (confidence 0): what the wait counts are taken over.
+    `int4()` gives the demo's AutoRound INT4 folder (tools/quantize_tiny.py)."""
     from pathlib import Path
 
     from ..dgemma import Constraint, Knobs, load_model
@@ -134,7 +135,8 @@ def mode_run(mode: str, demo):
     gguf = Path(__file__).resolve().parents[1] / "tests/fixtures/gguf/demo-Q4_K_M.gguf"
     dm = {"8bit": lambda: load_model(str(DEMO_DIR), quant="8bit"),
           "4bit": lambda: load_model(str(DEMO_DIR), quant="4bit"),
-          "gguf": lambda: load_model(str(gguf), quant="gguf")}.get(mode, lambda: demo)()
+          "gguf": lambda: load_model(str(gguf), quant="gguf"),
+          "autoround": lambda: load_model(str(int4()), quant="autoround")}.get(mode, lambda: demo)()
     if mode == "batch of 8":
         requests = [prepare(dm, f"What is {i}+{i + 2}?", knobs) for i in range(8)]
         return lambda: run_batch(requests, max_batch=8)

@@ -45,6 +45,26 @@ def checkpoint(preset: str) -> Path:
     return out
 
 
+def quantized(source: Path, name: str) -> Path:
+    """The AutoRound INT4 version of `source` (tools/quantize_tiny.py), built once per tool, weights and
+    auto-round version."""
+    import auto_round
+
+    spec = importlib.util.spec_from_file_location("quantize_tiny", REPO / "tools" / "quantize_tiny.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    digest = hashlib.sha256((REPO / "tools" / "quantize_tiny.py").read_bytes() + auto_round.__version__.encode())
+    for path in sorted(source.glob("*.safetensors")):
+        digest.update(path.read_bytes())
+    out = _cache_root() / f"autoround-{digest.hexdigest()[:12]}" / name
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        tool.quantize(source, tmp)
+        tmp.rename(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
     return checkpoint("random")

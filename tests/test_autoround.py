@@ -6,17 +6,15 @@ while the AutoRound path goes untested.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
-import os
 import shutil
 from pathlib import Path
 
 import auto_round  # noqa: F401
 import pytest
 import torch
-from conftest import REPO, _cache_root, checkpoint
+from conftest import REPO, checkpoint, quantized
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -30,20 +28,6 @@ quantize_tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(quantize_tiny)
 
 ENC, DEC = "model.encoder.language_model.layers", "model.decoder.layers"
-
-
-def quantized(source: Path, name: str) -> Path:
-    """The AutoRound version of `source`, built once per tool, weights and auto-round version."""
-    digest = hashlib.sha256((REPO / "tools" / "quantize_tiny.py").read_bytes() + auto_round.__version__.encode())
-    for path in sorted(source.glob("*.safetensors")):
-        digest.update(path.read_bytes())
-    out = _cache_root() / f"autoround-{digest.hexdigest()[:12]}" / name
-    if not (out / "config.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        quantize_tiny.quantize(source, tmp)
-        tmp.rename(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +82,20 @@ def test_checkpoint_is_autoround_int4(int4_dir):
     assert "per_layer_config" not in text and text["global_head_dim"] == 64
 
 
+def loaded(layer, name: str, field: str) -> torch.Tensor:
+    """A packed tensor under the checkpoint's name, read from the loaded model: linears keep theirs in `source`,
+    each experts layer stacks its experts (gate beside up along the output)."""
+    parts = name.split(".")
+    if parts[0] != "experts":
+        return getattr(layer.get_submodule(name).source, field)
+    stack = layer.experts.held_down if parts[2] == "down_proj" else layer.experts.held_gate_up
+    tensor = getattr(stack, field)[int(parts[1])]
+    if parts[2] == "down_proj":
+        return tensor
+    half = tensor.shape[-1] // 2
+    return tensor[..., :half] if parts[2] == "gate_proj" else tensor[..., half:]
+
+
 def test_loads_the_packed_layers_the_checkpoint_holds(int4_model, int4_dir):
     model = int4_model.model
     assert type(model).__name__ == "AutoRoundDiffusionGemma" and int4_model.quant == "autoround"
@@ -107,11 +105,12 @@ def test_loads_the_packed_layers_the_checkpoint_holds(int4_model, int4_dir):
     stored = file_tensors(int4_dir)
     for prefix in (ENC, DEC):
         for i, layer in enumerate(model.get_submodule(prefix)):
-            names = packed_names(layer)
+            names = {k.removeprefix(f"{prefix}.{i}.").rsplit(".", 1)[0] for k in stored
+                     if k.startswith(f"{prefix}.{i}.") and k.endswith(".qweight")}
             assert len(names) == (19 if i == 0 else 18)
             for n in names:
                 for t in ("qweight", "qzeros", "scales"):
-                    assert torch.equal(getattr(layer.get_submodule(n), t), stored[f"{prefix}.{i}.{n}.{t}"])
+                    assert torch.equal(loaded(layer, n, t), stored[f"{prefix}.{i}.{n}.{t}"]), (prefix, i, n, t)
 
 
 def test_encoder_and_decoder_share_weights(int4_model):
@@ -150,7 +149,7 @@ def test_copies_that_differ_stay_separate(int4_dir, tmp_path):
     model = load_model(str(folder), quant="autoround").model
     assert model._dgemma_shared_layers == (36, 1)
     enc, dec = model.get_submodule(ENC)[0], model.get_submodule(DEC)[0]
-    assert enc.mlp.up_proj is not dec.mlp.up_proj and torch.equal(enc.mlp.up_proj.qweight, tensors[key])
+    assert enc.mlp.up_proj is not dec.mlp.up_proj and torch.equal(enc.mlp.up_proj.source.qweight, tensors[key])
     assert enc.mlp.gate_proj is dec.mlp.gate_proj
 
 
@@ -194,3 +193,58 @@ def test_dropped_copies_are_compared_in_the_files_not_through_their_tensors(int4
     monkeypatch.setattr(quant, "_same_tensors", through_memory)
     model = load_model(str(int4_dir), quant="autoround", device="cpu").model
     assert model._dgemma_shared_layers == (37, 0)
+
+
+def test_packed_layers_compute_as_auto_rounds_own_and_the_experts_grouped(int4_dir, int4_model, monkeypatch):
+    """Linears: auto-round's torch kernel's very values and matmul, bit for bit. Experts: transformers' grouped
+    forward over the same dequantized weights, close to auto-round's loop of per-expert matmuls."""
+    from diffusiongemma.dgemma.loading import autoround_run
+
+    monkeypatch.setattr(autoround_run, "convert", lambda model, dtype: False)
+    own = load_model(str(int4_dir), quant="autoround").model
+    ours = int4_model.model
+    assert ours.config._experts_implementation == "grouped_mm" and own.config._experts_implementation != "grouped_mm"
+    gen = torch.Generator().manual_seed(0)
+    layer, twin = ours.get_submodule(DEC)[0], own.get_submodule(DEC)[0]
+    for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj"):
+        a, b = layer.get_submodule(name), twin.get_submodule(name)
+        x = torch.randn(3, 5, b.infeatures, generator=gen).to(torch.bfloat16)
+        assert torch.equal(a(x), b(x)), name
+    hidden = torch.randn(12, layer.experts.held_gate_up.shape[1], generator=gen).to(torch.bfloat16)
+    top = torch.rand(12, layer.experts.num_experts, generator=gen).topk(2, dim=-1)
+    with torch.no_grad():
+        got, want = layer.experts(hidden, top.indices, top.values), twin.experts(hidden, top.indices, top.values)
+    assert torch.allclose(got.float(), want.float(), rtol=0.02, atol=0.02)
+    vocab = len(int4_model.tokenizer)
+    assert cosine(logits(ours, vocab), logits(own, vocab)) > 0.999
+
+
+def test_a_packed_layout_the_probe_does_not_know_keeps_auto_rounds_forward(int4_dir, monkeypatch):
+    """A backend that repacks its weights fails the identity probe: nothing is converted, and the model runs
+    auto-round's own forward."""
+    from diffusiongemma.dgemma.loading import autoround_run
+
+    real = autoround_run.dequantize
+    monkeypatch.setattr(autoround_run, "dequantize", lambda *a: real(*a).transpose(-2, -1).contiguous())
+    model = load_model(str(int4_dir), quant="autoround")
+    assert not any(isinstance(m, autoround_run.PackedInt4) for m in model.model.modules())
+    assert model.model.config._experts_implementation != "grouped_mm"
+    assert generate(model, "hello", Knobs(seed=3, gen_length=32, num_inference_steps=2)).state.raw_ids
+
+
+@pytest.mark.skipif(not demo_available(), reason="the trained demo model is not in this checkout")
+def test_a_batch_item_equals_its_solo_run():
+    """The stacked experts ([experts, in, out]) take the batch path's row-by-row grouped matmuls, as the bf16
+    model's do."""
+    from diffusiongemma.dgemma.denoising import batch_experts
+    from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch
+    from diffusiongemma.testing.batchcheck import differences, entropy_exact
+
+    model = load_model(str(quantized(DEMO_DIR, "demo")), quant="autoround")
+    requests = [prepare(model, f"What is {i}+{i + 1}?", Knobs(seed=i, gen_length=32, num_inference_steps=3))
+                for i in range(4)]
+    batched = run_batch(requests, max_batch=4)
+    for request, item in zip(requests, batched):
+        solo = run(request)
+        assert not differences(solo, item) and entropy_exact(solo, item)
+    assert all(batch_experts._fast.get(layer.experts) for layer in model.model.model.decoder.layers)

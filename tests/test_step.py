@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import quantized
 
 from diffusiongemma.dgemma import Knobs, generate
+from diffusiongemma.dgemma.demo import DEMO_DIR
 from diffusiongemma.dgemma.denoising import loop
 from diffusiongemma.dgemma.denoising.stepcopy import StepCopy, pack
 from diffusiongemma.dgemma.readouts.trace import Recorder
@@ -128,7 +130,7 @@ def test_logits_holding_nan_are_refused(tiny_model, monkeypatch):
 def test_every_mode_waits_once_per_step(mode, demo_model):
     """Quantized weights, a capture, a constraint, a batch: each step's record reaches the host in one copy and
     nothing else waits (the constraint's choice runs on the host after that copy)."""
-    run = mode_run(mode, demo_model)
+    run = mode_run(mode, demo_model, lambda: quantized(DEMO_DIR, "demo"))
     run()  # one-time probes (the fused step's check of torch's draw, the experts' probe)
     steps, most, names = step_waits(run)
     assert steps >= 6 and most == 1 and set(names) == {"copy_"}, (mode, names)

@@ -90,7 +90,8 @@ def _probe(module, forward, n: int) -> bool:
         return False
     w = module.gate_up_proj
     gen = torch.Generator(device=w.device).manual_seed(0)
-    hidden = torch.randn(3 * n, w.shape[-1], generator=gen, device=w.device).to(w.dtype)
+    width = w.shape[-2] if module.is_transposed else w.shape[-1]  # the experts' input
+    hidden = torch.randn(3 * n, width, generator=gen, device=w.device).to(w.dtype)
     scores = torch.rand(3 * n, module.num_experts, generator=gen, device=w.device)
     scores[:, -1] -= 1  # the last expert only where forced: groups of one and two tokens, as real routing has
     scores[[0, n, n + 1], -1] += 3

@@ -120,13 +120,16 @@ def _kv_width(text_config, i: int, kind: str) -> int:
 
 
 def need_for(weights: int, text_config, canvas: int, quant: str, shared: int = 0,
-             made: dict[str, Need] | None = None) -> dict[str, Need]:
+             made: dict[str, Need] | None = None, dense: int = 0) -> dict[str, Need]:
     """Every mode's Need: this checkpoint's in `quant`, the twin checkpoint's in the other stored mode (estimated
-    from the real model's ratio), and `made` (the modes quantized at load, see made_need)."""
+    from the real model's ratio), and `made` (the modes quantized at load, see made_need). An AutoRound step
+    dequantizes one layer's experts at a time (`dense` bytes), as a mode made at load does."""
     step = step_bytes(text_config, canvas, LOAD_CONTEXT)
+    steps = {"none": step, "autoround": step + max(0, dense - logit_bytes(text_config, canvas))}
     other = "none" if quant == "autoround" else "autoround"
     twin = int(weights / INT4_SHARE) if quant == "autoround" else int(weights * INT4_SHARE)
-    return {quant: Need(weights, weights - shared, step), other: Need(twin, twin, step), **(made or {})}
+    return {quant: Need(weights, weights - shared, steps[quant]), other: Need(twin, twin, steps[other]),
+            **(made or {})}
 
 
 def made_need(bf16_bytes: int, quantized_numel: int, packed_bytes: int, dense_numel: int, largest_numel: int,

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import LoadCancelled, short
 from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fingerprint
 from ..payloads import DGemmaModel
-from . import deviceplan, machine, patches, patching, preflight, quant_at_load
+from . import autoround_run, deviceplan, machine, patches, patching, preflight, quant_at_load
 from .identity import checkpoint_identity
 from .load_options import resolve_dtype
 from .quant import MADE_AT_LOAD, after_load, check_packed, check_quant, model_class, quant_method, shared_copy_bytes
@@ -168,7 +168,8 @@ def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device
                                     shape.dense_numel, max(shape.quantized, default=0), step, element,
                                     deviceplan.logit_bytes(text, config.canvas_length))
             for q in MADE_AT_LOAD}
-    needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made)
+    dense = shape.dense_numel * 2 + autoround_run.CHUNK_BYTES  # bf16 experts of one layer, and their making
+    needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made, dense)
     own = (stored_mode,) if stored_mode == "autoround" else ("none", *(MADE_AT_LOAD if has_bitsandbytes() else ()))
     figures = host.room(device, needs[quant if quant != "auto" else own[0]].peak)
     if quant == "auto":

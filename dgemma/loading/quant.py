@@ -20,6 +20,7 @@ import struct
 import torch
 
 from ..errors import short
+from . import autoround_run
 
 QUANTS = ("auto", "none", "autoround", "4bit", "8bit", "gguf")
 MADE_AT_LOAD = ("4bit", "8bit")  # quantized from the unquantized checkpoint while it loads (quant_at_load)
@@ -118,6 +119,7 @@ def after_load(model, quant: str, headers: dict | None = None) -> None:
             raise ValueError("the AutoRound checkpoint loaded, but lm_head is not tied to the token embedding; "
                              "this transformers/auto-round pair is not supported, see the pack's tested versions")
     model._dgemma_shared_layers = share_identical_layers(model, headers)
+    autoround_run.convert(model, next(p for p in model.parameters() if p.is_floating_point()).dtype)
 
 
 def share_identical_layers(model, headers: dict | None = None) -> tuple[int, int]:
