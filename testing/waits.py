@@ -119,7 +119,8 @@ def step_waits(run) -> tuple[int, int, collections.Counter]:
     return len(per_step), max(per_step, default=0), calls.names["step"]
 
 
-MODES = ("bf16", "8bit", "4bit", "autoround", "gguf", "logprobs", "constraint", "batch of 8")
+MODES = ("bf16", "8bit", "4bit", "autoround", "gguf", "logprobs", "constraint", "logprobs, constrained",
+         "batch of 8")
 
 
 def mode_run(mode: str, demo, int4=None):
@@ -140,6 +141,8 @@ def mode_run(mode: str, demo, int4=None):
     if mode == "batch of 8":
         requests = [prepare(dm, f"What is {i}+{i + 2}?", knobs) for i in range(8)]
         return lambda: run_batch(requests, max_batch=8)
-    options = {"logprobs": {"logprobs": 5}, "constraint": {"constraint": Constraint("choice", "seven\nfour")}}
+    choice = Constraint("choice", "seven\nfour")
+    options = {"logprobs": {"logprobs": 5}, "constraint": {"constraint": choice},
+               "logprobs, constrained": {"logprobs": 5, "constraint": choice}}
     request = prepare(dm, "What is 3+4?", knobs, **options.get(mode, {}))
     return lambda: run(request)

@@ -46,14 +46,17 @@ def placed(ids, committed) -> int:
     return rises[-1] if rises else start
 
 
-def test_each_value_is_log_p_of_the_final_token_at_the_step_that_placed_it(demo_model):
+@pytest.mark.parametrize("constraint", [None, Constraint("choice", "six\nfour"), Constraint("regex", "f[a-z]+")])
+def test_each_value_is_log_p_of_the_final_token_at_the_step_that_placed_it(demo_model, constraint):
+    """Under a constraint too: the host picks each token among candidates whose values the step's copy carried."""
     logits = []
     hook = demo_model.model.register_forward_hook(lambda m, i, out: logits.append(out.logits.detach().clone()))
     try:
-        result = generate(demo_model, PROMPT, Knobs(seed=7, gen_length=64), logprobs=2)
+        result = generate(demo_model, PROMPT, Knobs(seed=7, gen_length=64), logprobs=2, constraint=constraint)
     finally:
         hook.remove()
     trace, lp, L = result.trace, result.logprobs, demo_model.canvas_length
+    assert constraint is None or trace.constrained.any()  # the constraint's own choices were read
     assert len(logits) == len(trace)  # one decoder forward per step: step i read logits[i]
     committed, checked = trace.committed, 0
     for block in range(trace.num_blocks):

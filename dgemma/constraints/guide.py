@@ -49,6 +49,7 @@ class Guide:
         self.broken: str | None = None
         self.changed = 0
         self._at = None  # (block, start state, previous path, k) of the step launched, until it is chosen
+        self.candidates = None  # (L, k + 2) ids on the device: every token `choose` can put at each position
 
     def start_state(self, block: int, done_ids) -> int | None:
         """The automaton's state after the blocks before `block` (their host ids; memoised per block)."""
@@ -75,6 +76,7 @@ class Guide:
         before = torch.as_tensor(previous).to(canvas.device, non_blocking=True)
         extra = scores.gather(-1, torch.stack([canvas[0], before], dim=-1))
         self._at = (block, state, previous, ids.shape[-1])
+        self.candidates = torch.cat([ids, canvas[0, :, None], before[:, None]], dim=-1)  # what `choose` picks from
         return torch.cat([ids.to(torch.int32).view(torch.float32), values, extra], dim=-1).view(torch.uint8).reshape(
             1, -1)
 

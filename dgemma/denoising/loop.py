@@ -175,8 +175,7 @@ class Pending:
     packed: Packed
     canvas: torch.Tensor
     self_cond: torch.Tensor
-    guided: bool                  # the constraint's choice waits for the host (its bytes are the packed extra)
-    logits: torch.Tensor | None   # kept for a capture of a guided step, read after the choice
+    guided: int  # bytes of the packed extra that the constraint's choice reads on the host (a capture's follow)
 
 
 class Lane:
@@ -253,24 +252,27 @@ class Lane:
         canvas = _pin(canvas, pins)
         pinned = None if pins is None else pins[0]
         guided = self.guide.launch(self.block, self.done_ids, canvas, self_cond)
-        kept = None if self.capture is None or guided is None else logits
-        rows = guided if guided is not None or self.capture is None else self.capture.rows(logits, canvas)
-        packed = pack(canvas, out.committed, by_stop, entropy, pinned, None, stopped, rows)
-        return Pending(packed, canvas, self_cond, guided is not None, kept)
+        extra = [] if guided is None else [guided]
+        if self.capture is not None:
+            extra.append(self.capture.rows(logits, canvas, None if guided is None else self.guide.candidates))
+        packed = pack(canvas, out.committed, by_stop, entropy, pinned, None, stopped,
+                      torch.cat(extra, dim=-1) if extra else None)
+        return Pending(packed, canvas, self_cond, 0 if guided is None else guided.shape[-1])
 
     def land(self, pending: Pending, host: HostStep) -> None:
         """The step's host work once its record is on the host: the constraint's choice, the recorder, the frame,
         the block's end."""
         canvas, ids, constrained = pending.canvas, host.ids, None
+        choice, rows = (None, host.extra) if host.extra is None else np.split(host.extra, [pending.guided])
         if self.guide is not UNCONSTRAINED:
-            ids, constrained = self.guide.choose(host.ids, host.committed | host.stop, host.pinned, host.extra,
+            ids, constrained = self.guide.choose(host.ids, host.committed | host.stop, host.pinned, choice,
                                                  self.step == self.stepper.steps - 1 or host.stopped)
             if pending.guided:  # the chosen canvas goes back without a wait: the device idles after the copy
                 canvas = torch.from_numpy(ids.astype(np.int64)).reshape(1, -1).to(canvas.device, non_blocking=True)
         frame = self.recorder.add_host(self.block, self.step, ids, host.committed, host.stop, host.entropy,
                                        host.pinned, constrained)
         if self.capture is not None:
-            rows = host.extra if pending.logits is None else self.capture.rows(pending.logits, canvas).cpu().numpy()
+            rows = self.capture.settle(rows, ids) if pending.guided else rows
             self.capture.add(self.block, ids, frame.committed, rows)
         if self.on_frame is not None:
             self.on_frame(frame)

@@ -47,9 +47,11 @@ class Capture:
         self.blocks: list[_Block] = []
 
     @torch.no_grad()
-    def rows(self, logits, canvas) -> torch.Tensor:
+    def rows(self, logits, canvas, candidates=None) -> torch.Tensor:
         """(1, n) uint8 on the canvas's device: for every position of `canvas` (1, L), the log p of its token
-        under `logits` (1, L, V) (the decoder's, before the schedule's temperature) and the `top` likeliest."""
+        under `logits` (1, L, V) (the decoder's, before the schedule's temperature) and the `top` likeliest.
+        With `candidates` (L, C) ids, each position's log p of each candidate and the candidates follow: a
+        constraint picks the token among them on the host after the step's copy (`settle`)."""
         parts = []
         for lo in range(0, canvas.shape[-1], ROWS):
             picked = logits[0, lo:lo + ROWS].float()
@@ -59,8 +61,25 @@ class Capture:
             if self.top:
                 values, top = picked.topk(min(self.top, picked.shape[-1]), dim=-1)
                 row += [values, top.to(torch.int32).view(torch.float32)]
+            if candidates is not None:
+                some = candidates[lo:lo + ROWS].to(picked.device)
+                row += [picked.gather(-1, some), some.to(torch.int32).view(torch.float32)]
             parts.append(torch.cat(row, dim=-1))
         return torch.cat(parts).to(canvas.device).view(torch.uint8).reshape(1, -1)
+
+    def settle(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """`rows` made with candidates, for the canvas `ids` a constraint chose among them: each position's
+        log p is its chosen candidate's (the same float the device computed for it)."""
+        width = 1 + 2 * self.top
+        table = rows.view(np.float32).reshape(len(ids), -1)
+        count = (table.shape[1] - width) // 2
+        values, candidates = table[:, width:width + count], table[:, width + count:].view(np.int32)
+        hit = candidates == ids[:, None]
+        if not hit.any(axis=1).all():
+            raise RuntimeError("the constraint chose a token outside its candidates; logprobs cannot be read")
+        out = np.ascontiguousarray(table[:, :width])
+        out[:, 0] = values[np.arange(len(ids)), hit.argmax(axis=1)]
+        return out.reshape(-1).view(np.uint8)
 
     def add(self, block: int, ids: np.ndarray, committed: np.ndarray, rows: np.ndarray) -> None:
         """One step of `block` on the host: the canvas's `ids` (L,), what is committed after it (L,), and
