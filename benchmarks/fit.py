@@ -154,11 +154,12 @@ def planned(quant: str) -> deviceplan.Need:
     config = realscale.real_config()
     text = config.get_text_config(decoder=True)
     shape = qal.geometry(config)
-    step = deviceplan.step_bytes(text, 256, deviceplan.LOAD_CONTEXT)
+    step, kept = deviceplan.step_bytes(text, 256, deviceplan.LOAD_CONTEXT), deviceplan.kept_bytes(text, 256)
     if quant == "none":
-        return deviceplan.Need(shape.total_numel * 2, shape.total_numel * 2, step)
+        return deviceplan.Need(shape.total_numel * 2, shape.total_numel * 2, step, kept)
     return deviceplan.made_need(shape.total_numel * 2, sum(shape.quantized), shape.packed_bytes(quant),
-                                shape.dense_numel, max(shape.quantized), step, 2, deviceplan.logit_bytes(text, 256))
+                                shape.dense_numel, max(shape.quantized), step, 2, deviceplan.logit_bytes(text, 256),
+                                kept)
 
 
 def report(m: dict) -> float:
@@ -171,7 +172,8 @@ def report(m: dict) -> float:
           f"+ {m['rest'] / GIB:.3f} GiB outside the layers + {VISION_LAYERS - realslice.VISION_LAYERS} x "
           f"{m['vision_layer'] / GIB:.3f} GiB more vision layers + {m['step_peak'] / GIB:.3f} GiB the step's own peak; "
           f"plan {need.resident / GIB:.2f} + {need.step / GIB:.2f} = {(need.resident + need.step) / GIB:.2f} GiB "
-          f"(error {abs(need.resident + need.step - real) / real:.3f}; the plan budgets a 4K-token context); "
+          f"(error {abs(need.resident + need.step - real) / real:.3f}; the plan budgets a 4K-token context), "
+          f"and {need.kept / GIB:.2f} GiB more that a graph keeps between runs (deviceplan.kept_bytes); "
           f"logit cosine vs bf16 {m['cosine']:.4f} (attention at a trained model's temperature: {m['tamed']:.4f}); "
           f"slice load {m['load_seconds']:.0f} s, its transient "
           f"{m['load_transient'] / GIB:.2f} GiB over {m['resident'] / GIB:.2f} GiB resident after", flush=True)

@@ -3,11 +3,13 @@
 - patcher_size_ratio: what ComfyUI is told a loaded model holds (the ModelPatcher's size: its storages, each once)
   over its unique stored bytes as the checkpoint's headers give them (the device plan's resident bytes: tied
   and shared tensors once, quantized experts at their packed size), for bf16, 8bit and 4bit; the worst.
-  On the small real-geometry twin (every tensor, tie and quantized module of the real model, narrower
-  widths, two layers); `--real` takes the real-width slice (several GB, cached outside the repository).
+  At the real geometry: measured on the real-width slice (two text layers and one vision layer at their
+  real sizes, the real vocabulary; 4.6 GB, built once and cached outside the repository), each part
+  extrapolated to the real layer counts as benchmarks/fit.py does. `--small` takes the small twin (narrower
+  widths: every tensor, tie and quantized module of the real model) instead.
 - waits_per_step_max: the most host waits in one step (testing/waits.py: every read of a device value, every
-  blocking copy, every upload of host data) over bf16, 8bit, 4bit, GGUF, logprobs, a constraint and a batch of 8
-  on the demo.
+  blocking copy, every upload of host data) over bf16, 8bit, 4bit, AutoRound, GGUF, logprobs, a constraint,
+  both, and a batch of 8 on the demo.
 - batch_size_invariant: 16 requests in batches of 1, 3, 8 and 16 give the same tokens and readings.
 - plan_vs_measured_step: the plan's working memory of a step (deviceplan.STEP_TENSORS) over the measured
   peak of the step's own tensors plus the self-conditioning it keeps (testing/tensorpeak.py), at the real
@@ -15,7 +17,7 @@
 - device_named_ok: with a host that names cuda:1, every plan (whole, split) says cuda:1, and every free-memory
   reading and freeing of room is asked of cuda:1.
 
-    python benchmarks/gpu_ready.py [--real]
+    python benchmarks/gpu_ready.py [--small]
 
 Last line: patcher_size_ratio waits_per_step_max batch_size_invariant plan_vs_measured_step device_named_ok.
 """
@@ -23,6 +25,7 @@ Last line: patcher_size_ratio waits_per_step_max batch_size_invariant plan_vs_me
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -44,7 +47,7 @@ from diffusiongemma.dgemma.demo import DEMO_DIR  # noqa: E402
 from diffusiongemma.dgemma.denoising import loop  # noqa: E402
 from diffusiongemma.dgemma.denoising.run import prepare, run, run_batch  # noqa: E402
 from diffusiongemma.dgemma.loading import deviceplan, load, machine  # noqa: E402
-from diffusiongemma.testing import realslice  # noqa: E402
+from diffusiongemma.testing import realscale, realslice  # noqa: E402
 from diffusiongemma.testing.batchcheck import differences, entropy_exact  # noqa: E402
 from diffusiongemma.testing.tensorpeak import TensorPeak  # noqa: E402
 from diffusiongemma.testing.waits import MODES, mode_run, step_waits  # noqa: E402
@@ -54,24 +57,65 @@ PROMPTS = ["What is 3+4?", "What is 1+1?", "What is 2+5?", "Say hi.", "What is 6
            "What is 4+4?", "What is 0+9?"]
 
 
-def patcher_size_ratio(real: bool) -> float:
-    from diffusiongemma.dgemma.loading import quant_at_load
+TEXT_LAYER = re.compile(r"(?:language_model|decoder)\.layers\.\d+\.")
+VISION_LAYER = re.compile(r"vision_tower\.encoder\.layers\.\d+\.")
 
-    folder = realslice.slice_dir(realslice.REAL if real else realslice.SMALL, cache_base())
+
+def part(name: str) -> str:
+    return "text" if TEXT_LAYER.search(name) else "vision" if VISION_LAYER.search(name) else "rest"
+
+
+def held_parts(model) -> dict[str, int]:
+    """What ComfyUI is told (machine.held_bytes: each storage once), split into text layers, vision layers and
+    the rest by the first name that holds each storage."""
+    out, seen = dict.fromkeys(("text", "vision", "rest"), 0), set()
+    for name, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)):
+        key = (t.device, t.untyped_storage().data_ptr())
+        if not t.is_meta and key not in seen:
+            seen.add(key)
+            out[part(name)] += t.untyped_storage().nbytes()
+    assert sum(out.values()) == machine.held_bytes(model)
+    return out
+
+
+def stored_parts(folder: Path, quant: str) -> dict[str, int]:
+    """The device plan's resident bytes, split as held_parts: the headers' tensors (tied copies once), the
+    quantized experts at their packed size."""
+    from diffusiongemma.dgemma.loading import preflight, quant_at_load
+
+    out = dict.fromkeys(("text", "vision", "rest"), 0)
+    for header in preflight.read_headers(folder).values():
+        for name, info in header.items():
+            if name != "__metadata__":
+                out[part(name)] += info["data_offsets"][1] - info["data_offsets"][0]
+    if quant != "none":  # every tensor a mode quantizes is in a text layer
+        shape = quant_at_load.geometry(AutoConfig.from_pretrained(folder))
+        out["text"] += shape.packed_bytes(quant) - 2 * sum(shape.quantized)
+    return out
+
+
+def at_real(parts: dict[str, int], text_layers: int, vision_layers: int) -> int:
+    """Bytes at the real geometry, extrapolated from the slice's layers as benchmarks/fit.py does."""
+    return (parts["rest"] + parts["text"] * realscale.REAL_LAYERS // text_layers
+            + parts["vision"] * realscale.REAL_VISION["num_hidden_layers"] // vision_layers)
+
+
+def patcher_size_ratio(small: bool) -> float:
+    folder = realslice.slice_dir(realslice.SMALL if small else realslice.REAL, cache_base())
+    config = AutoConfig.from_pretrained(folder)
+    text_layers, vision_layers = config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers
     worst = 1.0
     for quant in ("none", "8bit", "4bit"):
         dm = load_model(str(folder), quant=quant, device="cpu", dtype="bfloat16")
-        held = machine.held_bytes(dm.model)
+        held, stored = held_parts(dm.model), stored_parts(folder, quant)
         del dm
-        config = AutoConfig.from_pretrained(folder)
-        stored, per_dtype, shared, _ = load.stored_bytes(folder, str(folder), True, config)
-        weights = stored - shared
-        if quant != "none":
-            shape = quant_at_load.geometry(config)
-            weights += shape.packed_bytes(quant) - 2 * sum(shape.quantized)
-        ratio = held / weights
-        print(f"{quant}: ComfyUI is told {held / 2**20:.1f} MiB, stored uniquely {weights / 2**20:.1f} MiB, "
-              f"ratio {ratio:.4f}", flush=True)
+        whole, _, shared, _ = load.stored_bytes(folder, str(folder), True, config)
+        assert shared == 0 and sum(stored.values()) == whole + stored["text"] - stored_parts(folder, "none")["text"]
+        real_held, real_stored = at_real(held, text_layers, vision_layers), at_real(stored, text_layers, vision_layers)
+        ratio = real_held / real_stored
+        print(f"{quant}: at the real geometry ComfyUI is told {real_held / GIB:.2f} GiB, stored uniquely "
+              f"{real_stored / GIB:.2f} GiB, ratio {ratio:.4f} (the slice itself: "
+              f"{sum(held.values()) / sum(stored.values()):.4f}; per part {held} / {stored})", flush=True)
         worst = max(worst, ratio, key=lambda r: abs(r - 1))
     return worst
 
@@ -160,10 +204,11 @@ def planned_on(folder: Path):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--real", action="store_true", help="the patcher's size on the real-width slice")
+    parser.add_argument("--small", action="store_true", help="the patcher's size from the small real-geometry twin "
+                        "instead of the real-width slice")
     args = parser.parse_args(argv)
     demo = load_model(str(DEMO_DIR))
-    figures = {"patcher_size_ratio": f"{patcher_size_ratio(args.real):.4f}",
+    figures = {"patcher_size_ratio": f"{patcher_size_ratio(args.small):.4f}",
                "waits_per_step_max": waits_per_step_max(demo),
                "batch_size_invariant": batch_size_invariant(demo),
                "plan_vs_measured_step": f"{plan_vs_measured_step():.3f}",

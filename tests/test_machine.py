@@ -33,7 +33,8 @@ def test_a_host_that_names_cuda_1_has_every_plan_on_cuda_1(tiny_dir, tmp_path):
         config = AutoConfig.from_pretrained(tiny_dir)
         text = config.get_text_config(decoder=True)
         step = deviceplan.step_bytes(text, config.canvas_length, deviceplan.LOAD_CONTEXT)
-        rec.vram = (deviceplan.CUDA_RESERVE + step + whole.weight_bytes // 2, 24 * GIB)  # half the weights fit: a split
+        kept = deviceplan.kept_bytes(text, config.canvas_length)
+        rec.vram = (deviceplan.CUDA_RESERVE + step + kept + whole.weight_bytes // 2, 24 * GIB)  # half fits: a split
         split = plan_on(rec, tiny_dir)
         assert split.device == "cuda:1" and split.device_map == "sequential" and set(split.max_memory) == {1, "cpu"}
 
@@ -80,3 +81,22 @@ def test_outside_comfyui_memory_torch_keeps_cached_counts_as_free(monkeypatch):
     gpu = torch.device("cuda:1")
     assert machine._torch_free(gpu) == 7 * GIB and machine._torch_total(gpu) == 24 * GIB
     assert asked == [gpu, gpu]  # the device asked about, never the current one by default
+
+
+def test_what_a_graph_keeps_between_runs_is_in_the_plan(demo_model):
+    """A KV context's payload and a paused run's Resume stay on the device between runs: the plan's kept bytes
+    hold both, measured on real payloads of the demo."""
+    from diffusiongemma.dgemma import Knobs, generate
+    from diffusiongemma.dgemma.denoising.context import encode_context
+    from diffusiongemma.dgemma.denoising.resume import Advanced
+
+    context = encode_context(demo_model, "Remember: the answer is a number word. " * 8)
+    paused = generate(demo_model, "What is 3+4?", Knobs(seed=1), context=context, advanced=Advanced(end_step=2))
+    resume = paused.state.resume
+    assert resume.paused is not None
+    cache = context.cache
+    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    text = demo_model.model.config.get_text_config(decoder=True)
+    element = next(demo_model.model.parameters()).element_size()  # the demo runs in float32 on the CPU
+    kept = deviceplan.kept_bytes(text, demo_model.canvas_length, context.length, element)
+    assert kv + resume.nbytes <= kept <= 1.1 * (kv + resume.nbytes), (kv, resume.nbytes, kept)

@@ -131,7 +131,8 @@ def all_needs(stored: str = "none") -> dict:
     step = deviceplan.step_bytes(TEXT, 256, deviceplan.LOAD_CONTEXT)
     made = {q: deviceplan.made_need(BF16, sum(shape.quantized), shape.packed_bytes(q), shape.dense_numel,
                                     max(shape.quantized), step, 2,
-                                    deviceplan.logit_bytes(TEXT, 256)) for q in ("4bit", "8bit")}
+                                    deviceplan.logit_bytes(TEXT, 256), deviceplan.kept_bytes(TEXT, 256))
+            for q in ("4bit", "8bit")}
     # no shared copies: a tuned checkpoint's worst case
     dense = shape.dense_numel * 2 + autoround_run.CHUNK_BYTES
     return deviceplan.need_for(INT4 if stored == "autoround" else BF16, TEXT, 256, stored, 0, made, dense)
@@ -180,7 +181,7 @@ def test_auto_picks_the_best_mode_that_fits_each_card(card, ram):
 
 def test_a_split_names_the_mode_that_runs_whole():
     got, p = where(24, 64, "none")
-    assert got == "split" and "quant 4bit runs whole on this GPU (19.2 GiB)" in p.note
+    assert got == "split" and "quant 4bit runs whole on this GPU (19.7 GiB)" in p.note
 
 
 @pytest.mark.parametrize("card", CARDS)
@@ -211,7 +212,7 @@ def test_a_24_gb_card_is_told_what_works_not_to_free_memory_it_does_not_have():
         ("none", "auto"), ("none", "cpu"), ("8bit", "cpu"), ("4bit", "cuda"), ("4bit", "cpu"), ("autoround", "cpu"),
         ("remote", "")]
     assert "over PCIe every step" in detail.routes[0].cost
-    assert "quant 4bit with device cuda (whole on the GPU in 19.2 GiB)" in text
+    assert "quant 4bit with device cuda (whole on the GPU in 19.7 GiB)" in text
 
 
 def test_a_card_too_small_for_every_mode_is_sent_to_a_remote_engine():
@@ -220,7 +221,7 @@ def test_a_card_too_small_for_every_mode_is_sent_to_a_remote_engine():
         deviceplan.choose(all_needs(), ("none", "8bit", "4bit"), "auto", **small)
     text = str(caught.value)
     assert [r.quant for r in caught.value.routes] == ["remote"]
-    assert "none 49.6 GiB, 8bit 28.9 GiB, 4bit 19.2 GiB" in text and "a 8.0 GiB card" in text
+    assert "none 50.1 GiB, 8bit 29.4 GiB, 4bit 19.7 GiB" in text and "a 8.0 GiB card" in text
     assert "a remote engine (`python -m serve` on a bigger GPU" in text
 
 

@@ -25,6 +25,7 @@ STEP_TENSORS = {"logits, as the head returns them": 4, "scaled by the temperatur
                 "the previous step's self-conditioning, kept": 4}
 STEP_BYTES_PER_LOGIT = sum(STEP_TENSORS.values())
 LOAD_CONTEXT = 4096            # context tokens a load budgets for (its KV cache); a longer prompt needs more
+GENERATOR_STATE = 8192         # bytes of a paused run's generator state (torch's CPU generator: 5,056)
 INT4_SHARE = 0.592             # the real AutoRound INT4 checkpoint's bytes over the bf16 model's
 # What `quant auto` tries, best quality first, for a checkpoint that each of them loads from.
 AUTO_ORDER = ("none", "8bit", "4bit", "autoround", "gguf")  # a GGUF file loads in gguf alone
@@ -34,15 +35,17 @@ WHAT = {"none": "model", "autoround": "AutoRound INT4 model", "4bit": "4-bit mod
 
 @dataclass(frozen=True)
 class Need:
-    """Bytes a model holds: while loading (every stored copy), resident after loading, and one step."""
+    """Bytes a model holds: while loading (every stored copy), resident after loading, one step, and what a
+    graph keeps beside it between runs (`kept_bytes`)."""
 
     load: int
     resident: int
     step: int = 0
+    kept: int = 0
 
     @property
     def peak(self) -> int:
-        return max(self.load, self.resident + self.step)
+        return max(self.load, self.resident + self.kept + self.step)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,15 @@ def step_bytes(text_config, canvas: int, context: int, batch: int = 1) -> int:
     return batch * (logit_bytes(text_config, canvas) + kv_bytes(text_config, context))
 
 
+def kept_bytes(text_config, canvas: int, context: int = LOAD_CONTEXT, dtype_bytes: int = 2) -> int:
+    """What stays on the device between runs, beside the model: a KV context's payload of `context` tokens (a
+    run reads a private fork of it, budgeted in its step); a paused run's canvas, its ids so far and the
+    float32 self-conditioning it continues from, with its generator's state (5 KB on the CPU); and a lane's
+    host buffer for its step's copy (about 8 bytes a position; pinned RAM on CUDA, counted here too)."""
+    per_position = STEP_TENSORS["the previous step's self-conditioning, kept"] * text_config.vocab_size + 3 * 8
+    return kv_bytes(text_config, context, dtype_bytes) + canvas * per_position + GENERATOR_STATE
+
+
 def logit_bytes(text_config, canvas: int) -> int:
     """One step's logit-sized tensors (STEP_TENSORS: STEP_BYTES_PER_LOGIT per position and vocabulary entry)."""
     return STEP_BYTES_PER_LOGIT * canvas * text_config.vocab_size
@@ -124,16 +136,16 @@ def need_for(weights: int, text_config, canvas: int, quant: str, shared: int = 0
     """Every mode's Need: this checkpoint's in `quant`, the twin checkpoint's in the other stored mode (estimated
     from the real model's ratio), and `made` (the modes quantized at load, see made_need). An AutoRound step
     dequantizes one layer's experts at a time (`dense` bytes), as a mode made at load does."""
-    step = step_bytes(text_config, canvas, LOAD_CONTEXT)
+    step, kept = step_bytes(text_config, canvas, LOAD_CONTEXT), kept_bytes(text_config, canvas)
     steps = {"none": step, "autoround": step + max(0, dense - logit_bytes(text_config, canvas))}
     other = "none" if quant == "autoround" else "autoround"
     twin = int(weights / INT4_SHARE) if quant == "autoround" else int(weights * INT4_SHARE)
-    return {quant: Need(weights, weights - shared, steps[quant]), other: Need(twin, twin, steps[other]),
+    return {quant: Need(weights, weights - shared, steps[quant], kept), other: Need(twin, twin, steps[other], kept),
             **(made or {})}
 
 
 def made_need(bf16_bytes: int, quantized_numel: int, packed_bytes: int, dense_numel: int, largest_numel: int,
-              step: int, element: int = 2, logits: int = 0) -> Need:
+              step: int, element: int = 2, logits: int = 0, kept: int = 0) -> Need:
     """A mode quantized at load: `quantized_numel` weights of the `bf16_bytes` model held as `packed_bytes`.
 
     Loading holds one tensor in flight (`largest_numel`) beside what is already quantized. A step
@@ -141,7 +153,7 @@ def made_need(bf16_bytes: int, quantized_numel: int, packed_bytes: int, dense_nu
     (`logits` of the `step`) are not yet made, so the step needs the larger of the two.
     """
     resident = bf16_bytes - quantized_numel * element + packed_bytes
-    return Need(resident + largest_numel * element, resident, step + max(0, dense_numel * element - logits))
+    return Need(resident + largest_numel * element, resident, step + max(0, dense_numel * element - logits), kept)
 
 
 def plan(need: Need, device: str, *, ram: int, vram: int, total_vram: int = 0, quant: str = "none",
@@ -210,7 +222,7 @@ def _split(need: Need, ram: int, vram: int) -> Plan | None:
     """bf16 across GPU and CPU RAM (device auto): the part past the GPU budget streams over PCIe. accelerate fills
     the GPU in module order ("sequential"): its balanced map ("auto") can put the two sides of an encoder/decoder
     tie on different devices and leave one on the meta device."""
-    gpu = max(0, vram - CUDA_RESERVE - need.step)
+    gpu = max(0, vram - CUDA_RESERVE - need.step - need.kept)
     on_cpu = need.load - gpu
     if gpu <= 0 or on_cpu > ram * RAM_HEADROOM:
         return None

@@ -45,7 +45,7 @@ def need(plan: dict, text_config, canvas: int, dtype: torch.dtype) -> deviceplan
     inside = dense_bytes(text_config, dtype) + SELF_COND_BYTES_PER_LOGIT * canvas * text_config.vocab_size
     step = deviceplan.kv_bytes(text_config, deviceplan.LOAD_CONTEXT) + max(
         deviceplan.logit_bytes(text_config, canvas), inside)
-    return deviceplan.Need(weights, weights, step)
+    return deviceplan.Need(weights, weights, step, deviceplan.kept_bytes(text_config, canvas))
 
 
 def place(plan: dict, config, device: str, dtype, host: machine.Machine) -> tuple[str, torch.dtype]:

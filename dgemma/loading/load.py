@@ -166,7 +166,8 @@ def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device
     step = deviceplan.step_bytes(text, config.canvas_length, deviceplan.LOAD_CONTEXT)
     made = {q: deviceplan.made_need(shape.total_numel * element, sum(shape.quantized), shape.packed_bytes(q),
                                     shape.dense_numel, max(shape.quantized, default=0), step, element,
-                                    deviceplan.logit_bytes(text, config.canvas_length))
+                                    deviceplan.logit_bytes(text, config.canvas_length),
+                                    deviceplan.kept_bytes(text, config.canvas_length))
             for q in MADE_AT_LOAD}
     dense = shape.dense_numel * 2 + autoround_run.CHUNK_BYTES  # bf16 experts of one layer, and their making
     needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made, dense)
