@@ -2,8 +2,10 @@
 # benchmarks/gpu.py on a lent GPU machine, which has torch, transformers (5.17), accelerate and
 # safetensors but no diffusers or auto-round, and no registry to fetch them from.
 #
-#   bash benchmarks/gpu_device.sh wheels            # here: what it lacks, as Python 3.12 wheels in .whl/
+#   bash benchmarks/gpu_device.sh wheels PHASE      # here: what that phase lacks, as Python 3.12 wheels in .whl/
 #   bash benchmarks/gpu_device.sh run [gpu.py args] # there (carry .whl): install them, run one phase
+# PHASE: phase1 or run (diffusers, 6 MB), autoround (with auto-round and its imports, 12 MB), fit (with
+# bitsandbytes, 47 MiB): each carry stays under 48 MiB.
 #
 # A lease is 15 minutes with the machine's start, so run one phase per call and keep each under
 # GPU_SECONDS (default 230 s), which leaves time for a second call. The first phase gives the headline:
@@ -23,11 +25,18 @@ cd "$(dirname "$0")/.."
 
 # The versions the tests run with; auto-round imports datasets and pydantic at import. bitsandbytes
 # (43 MB: its CUDA kernels) for quant 4bit / 8bit.
-WHEELS=(bitsandbytes==0.50.2 diffusers==0.42.1 auto-round==0.16.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-        pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
+WHEELS=(diffusers==0.42.1)
+AUTOROUND=(auto-round==0.16.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pydantic==2.14.4
+           pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
 
 case "${1:-}" in
   wheels)
+    case "${2:-}" in
+      phase1|run) ;;
+      autoround) WHEELS+=("${AUTOROUND[@]}") ;;
+      fit) WHEELS+=(bitsandbytes==0.50.2) ;;
+      *) echo "usage: bash benchmarks/gpu_device.sh wheels phase1|run|autoround|fit" >&2; exit 2 ;;
+    esac
     rm -rf .whl && mkdir .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
@@ -51,7 +60,7 @@ case "${1:-}" in
     exit "${PIPESTATUS[0]}"  # a false identity or a timeout fails the call
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_device.sh wheels | phase1 [--dry-run] | run [gpu.py arguments] | fit [gpu_fit.py arguments]" >&2
+    echo "usage: bash benchmarks/gpu_device.sh wheels PHASE | phase1 [--dry-run] | run [gpu.py arguments] | fit [gpu_fit.py arguments]" >&2
     exit 2
     ;;
 esac

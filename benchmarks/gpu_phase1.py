@@ -12,7 +12,7 @@ Every identity it prints (tokens equal to the pipeline's, waits per step at most
 runs) makes the run fail when it is false, after every figure is printed. `--dry-run` runs the same code on the
 CPU with the small real-geometry twin's config (vocabulary 8,192) at 2 and 3 steps: CI runs it.
 
-    bash benchmarks/gpu_device.sh phase1          # on a lent GPU (carry .whl: see gpu_device.sh)
+    bash benchmarks/gpu_device.sh phase1          # on a lent GPU (carry .whl from `wheels phase1`)
     python benchmarks/gpu_phase1.py --dry-run
 
 Last line: ms_per_step_16 ms_per_step_48 pipeline_step_ratio pipeline_tokens_identical waits_per_step_max
