@@ -42,7 +42,7 @@ class Scratch(nn.Module):
         name = "x".join(map(str, shape)) + "_" + str(dtype).removeprefix("torch.")
         found = self._buffers.get(name)
         if found is None or found.device != torch.device(device):
-            found = torch.empty(shape, dtype=dtype, device=device)
+            found = torch.zeros(shape, dtype=dtype, device=device)  # written now: held from here, as counted
             self.register_buffer(name, found, persistent=False)
         return found
 
