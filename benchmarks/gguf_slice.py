@@ -89,8 +89,8 @@ def real_held(mix: str = "Q4_K_M") -> tuple[int, object]:
 
     config = realscale.real_config()
     types = gguf_mix.types(config, mix)
-    plan = {n: SimpleNamespace(shape=s, nbytes=gguf_mix.nbytes(s, types[n])) for n, s in gguf_mix.tensors(config)
-            if n != "rope_freqs.weight"}
+    plan = {n: SimpleNamespace(name=n, shape=s, nbytes=gguf_mix.nbytes(s, types[n]))
+            for n, s in gguf_mix.tensors(config) if n != "rope_freqs.weight"}
     return (gguf_plan.held_bytes(plan, torch.bfloat16),
             gguf_plan.need(plan, config.text_config, config.canvas_length, torch.bfloat16))
 

@@ -75,11 +75,11 @@ def test_the_payload_is_a_gguf_model_held_in_blocks(gguf_f32):
     assert gguf_f32.quant == "gguf" and gguf_f32.device == "cpu" and gguf_f32.dtype == "float32"
     model = gguf_f32.model
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
-    assert model.model.decoder.embed_tokens.gguf is model.lm_head.source  # the tie kept, held once
+    assert model.model.decoder.embed_tokens.weight is model.lm_head.weight  # the tie kept, held once (dense)
     encoder, decoder = model.model.encoder.language_model, model.model.decoder
     assert encoder.layers[0].self_attn.q_proj is decoder.layers[0].self_attn.q_proj
     blocks = {m.gguf_name for m in model.modules() if isinstance(m, GGUFWeight)}
-    assert "blk.0.ffn_gate_up_exps.weight" in blocks and "token_embd.weight" in blocks
+    assert "blk.0.ffn_gate_up_exps.weight" in blocks and "token_embd.weight" not in blocks
     assert held_bytes(model) < gguf_file.read(F32).tensor_bytes
     assert model.generation_config.t_min == 0.4
 

@@ -31,38 +31,54 @@ def _counting(monkeypatch):
     return counts
 
 
-def test_the_embedding_is_dequantized_once_per_step_and_each_layers_experts_once_per_forward(monkeypatch):
+def test_the_embedding_is_held_dense_and_each_layers_experts_dequantized_once_per_forward(monkeypatch):
     dm = gguf_load.load_gguf(Q4)
-    forwards = []
-    dm.model.register_forward_hook(lambda *a: forwards.append(1))
+    embedding = dm.model.model.decoder.embed_tokens.weight
+    assert embedding is dm.model.lm_head.weight and embedding.dtype == torch.float32  # dense, tied, held once
     expert_calls = []
     every = [m for m in dm.model.modules() if isinstance(m, gguf_modules.GGUFExperts)]  # encoder's and decoder's
     for module in every:
         module.register_forward_hook(lambda *a: expert_calls.append(1))
     counts = _counting(monkeypatch)
     out = generate(dm, "What is 3+4?", DEMO_KNOBS)
-    assert out.text == "seven" and len(forwards) >= 2
-    embedding = tuple(dm.model.model.decoder.embed_tokens.gguf.shape)
-    assert counts[embedding] == len(forwards)  # self-conditioning's two reads and the head share one
+    assert out.text == "seven" and expert_calls
+    assert tuple(embedding.shape) not in counts  # never dequantized in a step
     assert counts[tuple(every[0].gguf_gate_up.shape)] == len(expert_calls)  # every layer's are of one shape
     assert all(w.held is None and w.scopes == 0 for w in dm.model.modules() if isinstance(w, gguf_modules.GGUFWeight))
 
 
+def test_every_layers_experts_are_dequantized_into_one_scratch():
+    dm = gguf_load.load_gguf(Q4)
+    scratch = dict(dm.model.gguf_scratch.named_buffers())
+    seen = []
+    for module in dm.model.modules():
+        if isinstance(module, gguf_modules.GGUFExperts):  # read inside the experts' forward, from what it holds
+            module.act_fn.register_forward_hook(lambda *a, m=module: seen.append(m.gguf_gate_up.held.data_ptr()))
+    generate(dm, "What is 3+4?", DEMO_KNOBS)
+    assert len(seen) > 2 and set(seen) <= {b.data_ptr() for b in scratch.values()}
+    assert dict(dm.model.gguf_scratch.named_buffers()) == scratch  # made at the load, never again
+
+
 def test_a_forward_that_raises_drops_what_it_held():
+    import threading
+
     dm = gguf_load.load_gguf(Q8)
-    weight = dm.model.model.decoder.embed_tokens.gguf
-    calls = []
+    experts = dm.model.model.decoder.layers[0].experts
+    weight = experts.gguf_gate_up
 
-    def fail_in_second_step(*_):
-        calls.append(1)
-        if len(calls) == 2:  # after the self-conditioning read the embedding, before the head
-            assert weight.held is not None
-            raise RuntimeError("stopped")
+    def fail(*_):
+        assert weight.held is not None  # raised inside the experts' forward, its weights held
+        raise RuntimeError("stopped")
 
-    dm.model.model.decoder.norm.register_forward_hook(fail_in_second_step)
+    experts.act_fn.register_forward_hook(fail)
     with pytest.raises(RuntimeError, match="stopped"):
         generate(dm, "What is 3+4?", DEMO_KNOBS)
     assert weight.held is None and weight.scopes == 0
+    free = []
+    other = threading.Thread(target=lambda: free.append(dm.model.gguf_scratch.lock.acquire(blocking=False)))
+    other.start()
+    other.join()
+    assert free == [True]  # the scratch's lock was let go
 
 
 def test_steps_read_the_same_as_before_holding(monkeypatch):
@@ -90,7 +106,8 @@ def test_held_bytes_count_each_tie_once_and_blocks_as_stored():
         assert held_bytes(dm.model) == blocks + plain + sum(b.untyped_storage().nbytes() for b in computed.values())
         g = gguf_file.read(path)
         plan = gguf_load.tensor_plan(g, gguf_load.skeleton(dm.model.config))
-        assert gguf_plan.held_bytes(plan, torch.float32) == blocks + plain  # the plan's figure is the load's
+        scratch = sum(b.nbytes for b in dm.model.gguf_scratch.buffers())
+        assert gguf_plan.held_bytes(plan, torch.float32) == blocks + plain + scratch  # the plan's figure is the load's
         state = sum(t.nbytes for t in dm.model.state_dict().values())
         assert held_bytes(dm.model) < state  # the state dict lists each tie again
 

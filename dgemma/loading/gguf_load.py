@@ -2,8 +2,10 @@
 
 Order: read and check the file (memory-mapped), build the config and tokenizer from its metadata, build
 the model with every weight on the meta device, check that each parameter has exactly one tensor of the
-right shape, and only then allocate: block tensors for the linears, the experts and the embedding
-(gguf_modules), plain tensors for norms, scales and routers. No vision tower is built.
+right shape, and only then allocate: block tensors for the linears and the experts (gguf_modules), plain
+tensors for norms, scales and routers, and the token embedding dense (tied to the output head, it is
+multiplied whole twice a step: dequantizing it each step would cost more than all the layers' compute).
+No vision tower is built.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from ..errors import LoadCancelled
 from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fingerprint
 from ..payloads import DGemmaModel
 from . import gguf_config, gguf_file, gguf_plan, machine
-from .gguf_file import ROPE_FREQS, checkpoint_name
-from .gguf_modules import GGUFLinear, GGUFWeight, hold_in_forward, make_embedding, make_experts
+from .gguf_file import ROPE_FREQS, TOP_NAMES, checkpoint_name
+from .gguf_modules import GGUFLinear, GGUFWeight, Scratch, chunk_rows, make_experts
 from .gguf_quants import dequantize, row_bytes
 from .load_options import resolve_dtype
 
 log = logging.getLogger("dgemma")
 DECODER = "model.decoder."
+EMBEDDING = TOP_NAMES["token_embd.weight"]
 
 
 def skeleton(config):
@@ -102,6 +105,7 @@ class _Filler:
     def __init__(self, model, plan, dtype, device, should_cancel):
         self.model, self.plan, self.dtype, self.device, self.should_cancel = model, plan, dtype, device, should_cancel
         self.weights: dict[str, GGUFWeight] = {}
+        self.scratch = Scratch()
 
     def weight(self, target: str) -> GGUFWeight:
         t = self.plan[target]
@@ -115,25 +119,28 @@ class _Filler:
 
     def plain(self, target: str) -> torch.Tensor:
         t = self.plan[target]
-        return dequantize(_blocks(t, self.device), t.qtype, t.shape, self.dtype)
+        return dequantize(_blocks(t, self.device), t.qtype, t.shape, self.dtype, chunk_rows=chunk_rows(t.shape))
 
     def fill(self, names: dict[str, list[str]]) -> None:
         for target, reachable in names.items():
             for name in reachable:
                 self.place(target, name)
+        if self.scratch._buffers:
+            self.model.gguf_scratch = self.scratch
 
     def place(self, target: str, name: str) -> None:
         owner_name, _, attr = name.rpartition(".")
         owner = self.model.get_submodule(owner_name)
-        if isinstance(owner, torch.nn.Linear) and attr == "weight":
+        if target == EMBEDDING:  # the embedding and the head it is tied to: one dense parameter
+            owner._parameters[attr] = self.param(target)
+        elif isinstance(owner, torch.nn.Linear) and attr == "weight":
             parent_name, _, child = owner_name.rpartition(".")
             setattr(self.model.get_submodule(parent_name), child, self.linear(target))
-        elif isinstance(owner, torch.nn.Embedding):
-            make_embedding(owner, self.weight(target))
         elif attr in ("gate_up_proj", "down_proj"):
             if "gate_up_proj" in owner._parameters:
                 base = target.rpartition(".")[0]
-                make_experts(owner, self.weight(base + ".gate_up_proj"), self.weight(base + ".down_proj"))
+                make_experts(owner, self.weight(base + ".gate_up_proj"), self.weight(base + ".down_proj"),
+                             self.scratch, self.dtype)
         elif attr == "layer_scalar":
             owner._buffers[attr] = self.plain(target)
         else:
@@ -172,7 +179,6 @@ def load_gguf(path, dtype: str = "auto", device: str = "auto", should_cancel=Non
     place, torch_dtype = gguf_plan.place(plan, config, device, chosen, host)
     filler = _Filler(model, plan, torch_dtype, place, should_cancel)
     filler.fill(owners(model))
-    hold_in_forward(model, [model.model.decoder.embed_tokens.gguf])  # one dequantization of it per step
     model.to(place)
     model.eval()
     model.generation_config = gguf_config.generation_config(g)

@@ -1,48 +1,45 @@
 """Where a GGUF model goes, decided before any weight is allocated: its tensors as they will be held plus
 one step's working memory, against the free VRAM or RAM (deviceplan), or a refusal naming what works.
 
-Held: every 2-D and 3-D tensor stays in its GGUF blocks (the file's bytes); norms, scales and scalars are
-made plain tensors of the compute dtype. A step adds to deviceplan's logit-sized temporaries and KV cache
-what dequantizing costs: the token embedding dense for the whole forward (held once per step) and one
-layer's experts dense at a time, beside the previous step's logits that the self-conditioning reads.
+Held: every 2-D and 3-D tensor stays in its GGUF blocks (the file's bytes) but the token embedding, made
+dense in the compute dtype; norms, scales and scalars are plain tensors of the compute dtype; and the
+experts' scratch, one layer's experts dense (gguf_modules.Scratch). A step adds to deviceplan's
+logit-sized temporaries and KV cache what dequantizing costs beyond that, one chunk's float32
+intermediate, beside the previous step's logits that the self-conditioning reads.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from . import deviceplan, machine
 from .gguf_modules import CHUNK_BYTES
 
+EMBEDDING = "token_embd.weight"  # held dense: gguf_load
+EXPERTS = "_exps.weight"  # the experts' GGUF tensors, dequantized into the scratch
 SELF_COND_BYTES_PER_LOGIT = 4  # the kept float32 logits of the previous step, read by the self-conditioning
 
 
 def held_bytes(plan: dict, dtype: torch.dtype) -> int:
-    """Bytes the loaded model holds: blocks at their stored size, 1-D tensors in `dtype`."""
+    """Bytes the loaded model holds: blocks at their stored size; 1-D tensors, the token embedding and one
+    buffer per expert tensor shape (the scratch) in `dtype`."""
     element = torch.tensor([], dtype=dtype).element_size()
-    total = 0
-    for t in plan.values():
-        numel = 1
-        for d in t.shape:
-            numel *= d
-        total += t.nbytes if len(t.shape) >= 2 else numel * element
-    return total
+    dense = {id(t): math.prod(t.shape) for t in plan.values() if len(t.shape) < 2 or t.name == EMBEDDING}
+    scratch = {tuple(t.shape) for t in plan.values() if t.name.endswith(EXPERTS)}
+    blocks = sum(t.nbytes for t in plan.values() if id(t) not in dense)
+    return blocks + element * (sum(dense.values()) + sum(math.prod(shape) for shape in scratch))
 
 
-def dense_bytes(text_config, dtype: torch.dtype) -> int:
-    """What a forward holds dequantized at its fullest: the embedding, one layer's experts and one chunk's
-    float32 intermediate."""
-    element = torch.tensor([], dtype=dtype).element_size()
-    embedding = text_config.vocab_size * text_config.hidden_size
-    experts = 0
-    if getattr(text_config, "enable_moe_block", False) and text_config.num_experts:
-        experts = 3 * text_config.num_experts * text_config.moe_intermediate_size * text_config.hidden_size
-    return (embedding + experts) * element + CHUNK_BYTES
+def dense_bytes() -> int:
+    """What a forward dequantizes beyond what the model holds: one chunk's float32 intermediate."""
+    return CHUNK_BYTES
 
 
 def need(plan: dict, text_config, canvas: int, dtype: torch.dtype) -> deviceplan.Need:
     weights = held_bytes(plan, dtype)
-    inside = dense_bytes(text_config, dtype) + SELF_COND_BYTES_PER_LOGIT * canvas * text_config.vocab_size
+    inside = dense_bytes() + SELF_COND_BYTES_PER_LOGIT * canvas * text_config.vocab_size
     step = deviceplan.kv_bytes(text_config, deviceplan.LOAD_CONTEXT) + max(
         deviceplan.logit_bytes(text_config, canvas), inside)
     return deviceplan.Need(weights, weights, step, deviceplan.kept_bytes(text_config, canvas))

@@ -119,8 +119,9 @@ def row_bytes(qtype: int, row: int) -> int:
 
 
 def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], dtype=torch.float32,
-               chunk_rows: int = 0) -> torch.Tensor:
-    """The weights of `raw` (uint8, rows of blocks, any leading shape) as a `shape` tensor of `dtype`.
+               chunk_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The weights of `raw` (uint8, rows of blocks, any leading shape) as a `shape` tensor of `dtype`,
+    written into `out` where given (a contiguous tensor of that shape and dtype, reused by the caller).
 
     `chunk_rows` > 0 converts that many rows at a time into the result, so the float32 intermediate of
     a large tensor is never whole (the values are the same either way). The types with a fast kernel
@@ -130,19 +131,24 @@ def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], dtype=torc
     _, size, nbytes = TYPES[qtype]
     rows = raw.reshape(-1, raw.shape[-1])
     out_row = rows.shape[-1] // nbytes * size
-    if qtype in KERNELS:
-        return _by_blocks(rows.reshape(-1, nbytes), qtype, dtype).reshape(shape)
-    if chunk_rows <= 0 or chunk_rows >= rows.shape[0]:
+    whole = qtype not in KERNELS and not 0 < chunk_rows < rows.shape[0]
+    if whole and out is None:  # a float type in its own dtype is a view of its bytes, no copy
         return _rows(rows, qtype, nbytes, out_row).to(dtype).reshape(shape)
-    out = torch.empty(rows.shape[0], out_row, dtype=dtype, device=raw.device)
-    for start in range(0, rows.shape[0], chunk_rows):
-        part = rows[start:start + chunk_rows]
-        out[start:start + part.shape[0]] = _rows(part, qtype, nbytes, out_row)
-    return out.reshape(shape)
+    if out is None:
+        out = torch.empty(rows.shape[0], out_row, dtype=dtype, device=raw.device)
+    flat = out.view(rows.shape[0], out_row)
+    if qtype in KERNELS:
+        _by_blocks(rows.reshape(-1, nbytes), qtype, flat.view(-1, size))
+        return out.view(shape)
+    step = rows.shape[0] if whole else chunk_rows
+    for start in range(0, rows.shape[0], step):
+        part = rows[start:start + step]
+        flat[start:start + part.shape[0]] = _rows(part, qtype, nbytes, out_row)
+    return out.view(shape)
 
 
-def _by_blocks(blocks: torch.Tensor, qtype: int, dtype) -> torch.Tensor:
-    """Blocks (n, bytes) -> (n, weights) of `dtype` through the type's kernel, a chunk at a time.
+def _by_blocks(blocks: torch.Tensor, qtype: int, out: torch.Tensor) -> None:
+    """Blocks (n, bytes) -> `out` (n, weights) through the type's kernel, a chunk at a time.
 
     On the CPU each of torch's threads takes its own share of the chunks and runs their ops on itself
     alone: a chunk is a dozen short ops, and with torch's intra-op threads every op ends at a barrier
@@ -150,10 +156,9 @@ def _by_blocks(blocks: torch.Tensor, qtype: int, dtype) -> torch.Tensor:
     weights/s on two threads of a loaded 2-core machine, 300 per thread this way)."""
     size = TYPES[qtype][1]
     n = blocks.shape[0]
-    out = torch.empty(n, size, dtype=dtype, device=blocks.device)
     if blocks.device.type != "cpu":
         _chunks(blocks, out, qtype, DEVICE_CHUNK)
-        return out
+        return
     with _THREADS:  # the thread count is the process's: two callers must not restore each other's
         threads = torch.get_num_threads()
         share = -(-n // max(1, min(threads, n * size // CPU_CHUNK)))
@@ -166,7 +171,6 @@ def _by_blocks(blocks: torch.Tensor, qtype: int, dtype) -> torch.Tensor:
                 list(_pool(threads).map(lambda p: _alone(p[0], p[1], qtype), parts))
         finally:
             torch.set_num_threads(threads)
-    return out
 
 
 _THREADS = threading.Lock()
