@@ -13,6 +13,7 @@ from diffusiongemma.dgemma.demo import DEMO_KNOBS
 
 pytest.importorskip("gguf")
 from diffusiongemma.dgemma.loading import gguf_load, gguf_modules  # noqa: E402
+from diffusiongemma.dgemma.loading.held import DenseExperts  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 F32, Q8, Q4 = (FIXTURES / f"demo-{k}.gguf" for k in ("f32", "Q8_0", "Q4_K_M"))
@@ -36,14 +37,14 @@ def test_the_embedding_is_held_dense_and_each_layers_experts_dequantized_once_pe
     embedding = dm.model.model.decoder.embed_tokens.weight
     assert embedding is dm.model.lm_head.weight and embedding.dtype == torch.float32  # dense, tied, held once
     expert_calls = []
-    every = [m for m in dm.model.modules() if isinstance(m, gguf_modules.GGUFExperts)]  # encoder's and decoder's
+    every = [m for m in dm.model.modules() if isinstance(m, DenseExperts)]  # encoder's and decoder's
     for module in every:
         module.register_forward_hook(lambda *a: expert_calls.append(1))
     counts = _counting(monkeypatch)
     out = generate(dm, "What is 3+4?", DEMO_KNOBS)
     assert out.text == "seven" and expert_calls
     assert tuple(embedding.shape) not in counts  # never dequantized in a step
-    assert counts[tuple(every[0].gguf_gate_up.shape)] == len(expert_calls)  # every layer's are of one shape
+    assert counts[tuple(every[0].held_gate_up.shape)] == len(expert_calls)  # every layer's are of one shape
     assert all(w.held is None and w.scopes == 0 for w in dm.model.modules() if isinstance(w, gguf_modules.GGUFWeight))
 
 
@@ -52,8 +53,8 @@ def test_every_layers_experts_are_dequantized_into_one_scratch():
     scratch = dict(dm.model.gguf_scratch.named_buffers())
     seen = []
     for module in dm.model.modules():
-        if isinstance(module, gguf_modules.GGUFExperts):  # read inside the experts' forward, from what it holds
-            module.act_fn.register_forward_hook(lambda *a, m=module: seen.append(m.gguf_gate_up.held.data_ptr()))
+        if isinstance(module, DenseExperts):  # read inside the experts' forward, from what it holds
+            module.act_fn.register_forward_hook(lambda *a, m=module: seen.append(m.held_gate_up.held.data_ptr()))
     generate(dm, "What is 3+4?", DEMO_KNOBS)
     assert len(seen) > 2 and set(seen) <= {b.data_ptr() for b in scratch.values()}
     assert dict(dm.model.gguf_scratch.named_buffers()) == scratch  # made at the load, never again
@@ -64,7 +65,7 @@ def test_a_forward_that_raises_drops_what_it_held():
 
     dm = gguf_load.load_gguf(Q8)
     experts = dm.model.model.decoder.layers[0].experts
-    weight = experts.gguf_gate_up
+    weight = experts.held_gate_up
 
     def fail(*_):
         assert weight.held is not None  # raised inside the experts' forward, its weights held

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .held import DenseExperts, HeldWeight, make_experts
+from .held import DenseExperts, HeldLinear, HeldWeight, make_experts
 from .patching import note_once
 
 BITS = 4
@@ -28,22 +28,18 @@ class PackedInt4(HeldWeight):
     float16. Dense, they are [..., in, out]: x @ W."""
 
     def __init__(self, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int):
-        super().__init__()
+        super().__init__((*qweight.shape[:-2], qweight.shape[-2] * 32 // BITS, qweight.shape[-1]))
         self.register_buffer("qweight", qweight)
         self.register_buffer("qzeros", qzeros)
         self.register_buffer("scales", scales)
         self.group = group
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (*self.qweight.shape[:-2], self.qweight.shape[-2] * 32 // BITS, self.qweight.shape[-1])
-
-    def make(self, dtype: torch.dtype) -> torch.Tensor:
-        if self.qweight.dim() == 2:
+    def make(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.qweight.dim() == 2 and out is None:
             return dequantize(self.qweight, self.qzeros, self.scales, self.group).to(dtype)
         lead = self.qweight.shape[0]
         per = max(1, CHUNK_BYTES // (8 * self.qweight[0].numel() * 32 // BITS))  # int32, int8 ×2, float16 per value
-        out = torch.empty(self.shape, dtype=dtype, device=self.qweight.device)
+        out = torch.empty(self.shape, dtype=dtype, device=self.qweight.device) if out is None else out
         for a in range(0, lead, per):
             out[a:a + per] = dequantize(self.qweight[a:a + per], self.qzeros[a:a + per], self.scales[a:a + per],
                                         self.group)
@@ -67,12 +63,11 @@ def dequantize(qweight, qzeros, scales, group: int) -> torch.Tensor:
     return (scales.unsqueeze(-2) * (q - z.unsqueeze(-2))).flatten(-3, -2)
 
 
-class PackedLinear(nn.Module):
-    """A packed linear (no bias) that dequantizes its weight in the input's dtype at each call."""
+class PackedLinear(HeldLinear):
+    """A packed linear (no bias) that multiplies as auto-round's torch kernel does: x @ W, W [in, out]."""
 
     def __init__(self, source: PackedInt4):
-        super().__init__()
-        self.source = source
+        super().__init__(source)
         self.in_features, self.out_features = source.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,9 @@ from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fing
 from ..payloads import DGemmaModel
 from . import gguf_config, gguf_file, gguf_plan, machine
 from .gguf_file import ROPE_FREQS, TOP_NAMES, checkpoint_name
-from .gguf_modules import GGUFLinear, GGUFWeight, Scratch, chunk_rows, make_experts
-from .gguf_quants import dequantize, row_bytes
+from .gguf_modules import GGUFWeight, chunk_rows
+from .gguf_quants import TYPES, dequantize, row_bytes
+from .held import HeldLinear, Scratch, make_experts
 from .load_options import resolve_dtype
 
 log = logging.getLogger("dgemma")
@@ -132,7 +133,13 @@ class _Filler:
         owner_name, _, attr = name.rpartition(".")
         owner = self.model.get_submodule(owner_name)
         if target == EMBEDDING:  # the embedding and the head it is tied to: one dense parameter
+            first = "param:" + target not in self.weights
             owner._parameters[attr] = self.param(target)
+            if first:
+                t, held = self.plan[target], owner._parameters[attr]
+                log.info("GGUF %s: the token embedding (%s) dequantized once at load, %.1f MiB as %s (the output "
+                         "head and the self-conditioning read all of it every step)", t.name,
+                         TYPES[t.qtype][0], held.nbytes / 2**20, str(held.dtype).removeprefix("torch."))
         elif isinstance(owner, torch.nn.Linear) and attr == "weight":
             parent_name, _, child = owner_name.rpartition(".")
             setattr(self.model.get_submodule(parent_name), child, self.linear(target))
@@ -140,16 +147,16 @@ class _Filler:
             if "gate_up_proj" in owner._parameters:
                 base = target.rpartition(".")[0]
                 make_experts(owner, self.weight(base + ".gate_up_proj"), self.weight(base + ".down_proj"),
-                             self.scratch, self.dtype)
+                             self.scratch)
         elif attr == "layer_scalar":
             owner._buffers[attr] = self.plain(target)
         else:
             owner._parameters[attr] = self.param(target)
 
-    def linear(self, target: str) -> GGUFLinear:
+    def linear(self, target: str) -> HeldLinear:
         key = "linear:" + target
         if key not in self.weights:
-            self.weights[key] = GGUFLinear(self.weight(target))
+            self.weights[key] = HeldLinear(self.weight(target))
         return self.weights[key]
 
     def param(self, target: str) -> torch.nn.Parameter:

@@ -155,8 +155,8 @@ def _expert_shape(module, name: str) -> tuple[int, ...]:
     shapes = getattr(module, "_dgemma_shapes", None)  # quantized: the logical shape, not the bytes'
     if shapes is not None:
         return tuple(shapes[name])
-    gguf = getattr(module, {"gate_up_proj": "gguf_gate_up", "down_proj": "gguf_down"}[name], None)
-    return tuple(gguf.shape) if gguf is not None else tuple(module._parameters[name].shape)
+    held = getattr(module, {"gate_up_proj": "held_gate_up", "down_proj": "held_down"}[name], None)
+    return tuple(held.shape) if held is not None else tuple(module._parameters[name].shape)
 
 
 def _expert_param(adapter: Adapter, stem: str, path: str, module) -> str:
