@@ -1,8 +1,8 @@
 """HTTP to a remote engine with the standard library: JSON calls, and an SSE stream that can be cut.
 
-Every wait (connect, send, the answer's headers, its body, the next chunk) happens on a helper
-thread while the caller checks for an interrupt every `POLL` seconds and closes the connection at
-once. Everything read is bounded (a line, an answer, the events of a run); a server that dies,
+Every wait can be cut: connect, send, the answer's headers and a JSON body wait on a helper thread while
+the caller checks for an interrupt every `POLL` seconds; a stream's lines are read by the caller while a
+watcher makes that check. Either closes the connection at once. Everything read is bounded (a line, an answer, the events of a run); a server that dies,
 goes silent, redirects or answers out of shape is an error naming the URL, never a hang. Nothing
 is retried, and the token never reaches a message (`access.redact`).
 """
@@ -24,7 +24,6 @@ LINE_LIMIT = 4 * 2**20   # one SSE line: a step at the real canvas is ~10 kB, a 
 ANSWER_LIMIT = 32 * 2**20  # one JSON answer: the real model's token table is ~5.6 MB
 ERROR_LIMIT = 64 * 2**10   # an error answer's body: only its message is shown
 EVENTS = 100_000         # SSE events of one stream when the caller names no cap
-_END = object()
 
 
 class RemoteError(RuntimeError):
@@ -138,26 +137,58 @@ class Remote:
 
     def stream(self, path: str, body: dict, should_cancel=None, max_events: int = EVENTS):
         """Yield each SSE `data:` payload (parsed JSON) until [DONE]; `should_cancel` cuts the stream;
-        more than `max_events` events is an error."""
+        more than `max_events` events is an error. The lines are read in the caller's thread (a hand-off
+        per line to a reader thread cost more than the parsing); a watcher closes the connection when
+        `should_cancel` says so, which ends a blocked read at once."""
         conn, response = self._open("POST", path, body, should_cancel, READ_TIMEOUT)
-        lines: queue.Queue = queue.Queue(maxsize=16)  # bounded: a fast server waits for a slow reader
-        stop = threading.Event()
-        threading.Thread(target=_pump, args=(self, path, response, lines, stop, max_events), daemon=True).start()
+        watch = _Watch(conn, should_cancel)
         try:
-            while True:
-                item = _next(lines, should_cancel)
-                if item is _END:
-                    raise self.error(path, "closed the stream before it ended")
-                if isinstance(item, RemoteError):
-                    raise item
-                if isinstance(item, BaseException):
-                    raise self.error(path, f"broke off the stream: {item}")
+            for item in _events(self, path, response, max_events):
+                watch.check()
                 if item == "[DONE]":
                     return
                 yield self._json(item, path)
+            watch.check()
+            raise self.error(path, "closed the stream before it ended")
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            watch.check()  # a cancel closed the connection under the read
+            raise self.error(path, f"broke off the stream: {err}") from None
         finally:
-            stop.set()
+            watch.stop()
             _close(conn)
+
+
+class _Watch:
+    """Checks `should_cancel` every POLL seconds on a helper thread while the reading thread may be blocked; a
+    cancel (True, or an exception it raises) shuts the connection, and `check()` in the reading thread raises
+    Interrupted or that exception."""
+
+    def __init__(self, conn, should_cancel):
+        self.conn, self.should_cancel, self.fired = conn, should_cancel, None
+        self.done = threading.Event()
+        if should_cancel is not None:
+            threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.done.wait(POLL):
+            try:
+                if not self.should_cancel():
+                    continue
+                self.fired = Interrupted()
+            except BaseException as err:  # noqa: B036 - raised in the reading thread by check()
+                self.fired = err
+            _shut(self.conn)  # the read ends at once; the reading thread closes the rest (http.client is not
+            return            # safe to close from two threads)
+
+    def check(self) -> None:
+        """In the reading thread, between lines: the watcher's cancel, or the caller's own check now."""
+        if self.fired is not None:
+            raise self.fired
+        if self.should_cancel is not None and self.should_cancel():
+            raise Interrupted()
+
+    def stop(self) -> None:
+        self.done.set()
 
 
 def _on_helper(work, conn, stop: threading.Event, should_cancel):
@@ -194,48 +225,41 @@ def _next(items: queue.Queue, should_cancel):
             pass
 
 
-def _pump(remote: Remote, path: str, response, lines: queue.Queue, stop: threading.Event, max_events: int) -> None:
-    """Read SSE lines on a helper thread, each at most LINE_LIMIT bytes; hands on each `data:` payload
-    (token hidden), then _END, or the error that stopped it."""
-
-    def put(item) -> None:
-        while not stop.is_set():
-            try:
-                return lines.put(item, timeout=POLL)
-            except queue.Full:
-                pass
-
+def _events(remote: Remote, path: str, response, max_events: int):
+    """Each SSE `data:` payload (token hidden), each line at most LINE_LIMIT bytes, until the stream ends."""
     events, others = 0, 0
-    try:
-        while not stop.is_set():
-            raw = response.readline(LINE_LIMIT + 1)
-            if not raw:
-                return put(_END)
-            if len(raw) > LINE_LIMIT:
-                return put(remote.error(path, f"sent a line over {LINE_LIMIT // 2**20} MiB; the longest a "
-                                              "run needs is under 1 MB"))
-            line = raw.decode("utf-8").rstrip("\r\n")
-            if line.startswith("data:"):
-                events += 1
-                if events > max_events:
-                    return put(remote.error(path, f"sent more than {max_events} events for one run"))
-                put(hide(line[5:].strip(), remote.token))
-            else:
-                others += 1
-                if others > 2 * max_events + 16:  # the blank line after each event, and a few comments
-                    return put(remote.error(path, f"sent more than {others - 1} lines that are not events"))
-    except BaseException as err:  # noqa: B036 - handed to the reading thread, which raises it
-        put(err)
+    while True:
+        raw = response.readline(LINE_LIMIT + 1)
+        if not raw:
+            return
+        if len(raw) > LINE_LIMIT:
+            raise remote.error(path, f"sent a line over {LINE_LIMIT // 2**20} MiB; the longest a run needs is "
+                                     "under 1 MB")
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line.startswith("data:"):
+            events += 1
+            if events > max_events:
+                raise remote.error(path, f"sent more than {max_events} events for one run")
+            yield hide(line[5:].strip(), remote.token)
+        else:
+            others += 1
+            if others > 2 * max_events + 16:  # the blank line after each event, and a few comments
+                raise remote.error(path, f"sent more than {others - 1} lines that are not events")
 
 
-def _close(conn) -> None:
-    """Close at once, also when the helper thread is blocked reading."""
+def _shut(conn) -> None:
+    """End any blocked read or write on the connection's socket."""
     sock = conn.sock
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _close(conn) -> None:
+    """Close at once, also when the helper thread is blocked reading."""
+    _shut(conn)
     conn.close()
 
 
