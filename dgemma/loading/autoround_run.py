@@ -35,8 +35,9 @@ class PackedInt4(HeldWeight):
         self.group = group
 
     def make(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.qweight.dim() == 2 and out is None:
-            return dequantize(self.qweight, self.qzeros, self.scales, self.group).to(dtype)
+        if self.qweight.dim() == 2:
+            dense = dequantize(self.qweight, self.qzeros, self.scales, self.group).to(dtype)
+            return dense if out is None else out.copy_(dense)
         lead = self.qweight.shape[0]
         per = max(1, CHUNK_BYTES // (8 * self.qweight[0].numel() * 32 // BITS))  # int32, int8 ×2, float16 per value
         out = torch.empty(self.shape, dtype=dtype, device=self.qweight.device) if out is None else out
@@ -68,7 +69,7 @@ class PackedLinear(HeldLinear):
 
     def __init__(self, source: PackedInt4):
         super().__init__(source)
-        self.in_features, self.out_features = source.shape
+        self.in_features, self.out_features = source.shape  # stored [in, out], not nn.Linear's [out, in]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.matmul(x.reshape(-1, x.shape[-1]), self.source.dense(x.dtype))
@@ -110,7 +111,7 @@ def _experts(module) -> list | None:
     return triples if all(all(p is not None for p in t) for t in triples) else None
 
 
-def _stack(parts, dim_out: bool = False) -> PackedInt4:
+def _stack(parts) -> PackedInt4:
     """One PackedInt4 over the experts (`parts`: each expert's linears, joined along the output if several)."""
     fields = [[_fields(p) for p in expert] for expert in parts]
     joined = [[torch.cat([f[i] for f in expert], dim=-1) for i in range(3)] for expert in fields]
@@ -135,6 +136,7 @@ def convert(model: nn.Module, dtype: torch.dtype) -> bool:
             parent, _, leaf = name.rpartition(".")
             if id(m) not in linears:
                 linears[id(m)] = PackedLinear(PackedInt4(*_fields(m)))
+                linears[id(m)].source.compute_dtype = dtype
             setattr(model.get_submodule(parent), leaf, linears[id(m)])
     configs = [model.config, *(m.config for m in model.modules() if isinstance(m, DenseExperts))]
     for config in {id(c): c for c in configs}.values():
