@@ -125,7 +125,7 @@ def convert(model: nn.Module, dtype: torch.dtype) -> bool:
     packed = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
               if isinstance(getattr(m, "qweight", None), torch.Tensor)]
     ok = _convertible(model, [m for _, m in packed], dtype)
-    note_once("auto-round packed layers", ok, "dequantized in torch, experts grouped: no host wait" if ok else
+    note_once("auto-round forward", ok, "packed layers dequantized in torch, experts grouped: no host wait" if ok else
               "auto-round's own forward kept (a packed layer of another layout, or offloaded)")
     if not ok:
         return False
