@@ -13,9 +13,10 @@ import threading
 
 import torch
 
-from .gguf_kernels import KERNELS, k_scales
+from .gguf_kernels import KERNELS, SCRATCH, k_scales
 
-CPU_CHUNK = 1 << 20  # weights per kernel chunk on the CPU: its buffers (5 MiB) stay in cache between passes
+CPU_CHUNK = 1 << 17  # weights per kernel chunk on the CPU: its buffers (1 MiB) stay in a core's cache between passes
+SCALE_BATCH = 1 << 20  # weights whose scales are made at once (in buffers of 0.5 MiB at most)
 DEVICE_CHUNK = 16 << 20  # on an accelerator, larger chunks: fewer launches
 QK_K = 256  # weights in a K-quant super-block
 
@@ -77,7 +78,8 @@ def q5_1(b):
 def _k_scaled(b, q):
     """d * scale * q - dmin * min over the eight 32-weight groups of a super-block."""
     n = b.shape[0]
-    sc, mn = k_scales(b[:, 4:16])
+    sixes = k_scales(b[:, 4:16])
+    sc, mn = sixes[:, :8], sixes[:, 8:]
     d = (_f16(b[:, :2]) * sc.float()).reshape(n, 8, 1)
     dm = (_f16(b[:, 2:4]) * mn.float()).reshape(n, 8, 1)
     return (d * q.reshape(n, 8, 32).float() - dm).reshape(n, QK_K)
@@ -191,18 +193,24 @@ def _alone(blocks: torch.Tensor, out: torch.Tensor, qtype: int) -> None:
 
 
 def _chunks(blocks: torch.Tensor, out: torch.Tensor, qtype: int, chunk: int) -> None:
-    """Into `out`, with two scratch buffers reused for every chunk; float32 goes straight into `out`."""
+    """Into `out`, a chunk at a time through the type's kernel and two scratch buffers reused for every
+    chunk (float32 too is made in the scratch and copied: its passes stay in cache). The scales are made
+    for a batch of chunks at once."""
     size = TYPES[qtype][1]
     n = blocks.shape[0]
     step = min(max(1, chunk // size), n)
-    f = out if out.dtype == torch.float32 else torch.empty(step, size, device=blocks.device)
-    q = torch.empty(step, size, dtype=torch.uint8, device=blocks.device)
-    for start in range(0, n, step):
-        stop = min(start + step, n)
-        part = f[start:stop] if f is out else f[:stop - start]
-        KERNELS[qtype](blocks[start:stop], part, q[:stop - start])
-        if f is not out:
-            out[start:stop].copy_(part)
+    batch = max(step, SCALE_BATCH // size // step * step)
+    f = torch.empty(step, size, device=blocks.device)
+    q = torch.empty(SCRATCH * step * size, dtype=torch.uint8, device=blocks.device)
+    kernel = KERNELS[qtype](blocks, f, q, min(batch, n))
+    for first in range(0, n, batch):
+        scales = kernel.scales(first, min(first + batch, n))
+        for start in range(first, min(first + batch, n), step):
+            stop = min(start + step, n)
+            if stop - start < step:  # the last chunk, shorter
+                kernel.views(f[:stop - start], q)
+            kernel(start, [s[start - first:stop - first] for s in scales])
+            out[start:stop].copy_(kernel.f)
 
 
 def _rows(rows: torch.Tensor, qtype: int, nbytes: int, out_row: int) -> torch.Tensor:
