@@ -1,13 +1,13 @@
 """Fast GGUF block kernels for the types a K-quant file mostly holds (Q4_K, Q5_0, Q8_0, Q6_K).
 
-A kernel is made for a tensor's blocks and a chunk size: it makes its views of the blocks' fields and
-of two scratch buffers once, then each call writes one chunk of blocks as float32 into the float
-scratch `f` with a few `out=` and in-place torch ops, so a chunk small enough to stay in the CPU's
-cache is read and written a few times without a new allocation. Each op runs over long contiguous
-runs: a block's fields make rows of 4 to 32 bytes, and an op over rows that short runs several times
-slower; a copy is the exception, so data is copied into place and computed on in bulk. `scales`
-turns a batch of many chunks' scale bytes into float32 factors at once (a dozen small ops, whose fixed
-cost would otherwise dominate a chunk).
+A kernel is made for a tensor's blocks (their storage offset a multiple of 8: its views read bytes as
+wider types) and a chunk size; it makes its views of the blocks' fields and of its scratch buffers once,
+then each call writes one chunk of blocks as float32 with a few `out=` and in-place torch ops and no
+new allocation. Every op runs over long contiguous runs: a block's fields make rows of 2 to 32 bytes,
+and an op over rows that short runs several times slower; a copy (or a concatenation, here of bytes
+viewed as float64: moved, never changed) is the exception, so bytes are split in bulk and then moved
+into the weights' order. `scales` turns the scale bytes of a batch of chunks into float32 factors in
+reused buffers (a dozen small ops, too many to pay for each chunk).
 
 The values are the `gguf` package's bit for bit: every product here is exact in float32 (a half-float
 scale's 11 significant bits times integers of at most 12 together fit its 24), so only Q4_K's final
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-SCRATCH = 4  # bytes of the uint8 scratch a kernel takes per weight of a chunk
 _TABLES: dict = {}
+INT16, INT32 = (torch.int16, 0x0101), (torch.int32, 0x01010101)  # lanes and a byte repeated to them
 
 
 def _fifth_bit_table(device) -> torch.Tensor:
@@ -36,31 +36,45 @@ def _fifth_bit_table(device) -> torch.Tensor:
     return _TABLES[key]
 
 
-def _half(raw: torch.Tensor) -> torch.Tensor:
-    """(n, 2) little-endian half floats -> (n, 1) float32."""
-    return raw.contiguous().view(torch.float16).float()
+def _nibble_masks(device) -> torch.Tensor:
+    """The int32 masks of low and high nibbles, (2, 1, 1), on `device`, made once (never in a forward)."""
+    key = ("nibbles", str(device))
+    if key not in _TABLES:
+        masks = [_signed(byte * INT32[1], torch.int32) for byte in (0x0F, 0xF0)]
+        _TABLES[key] = torch.tensor(masks, dtype=torch.int32).view(2, 1, 1).to(device)
+    return _TABLES[key]
 
 
-def _lanes(blocks: torch.Tensor, widest: int) -> tuple[torch.dtype, int]:
-    """The widest integer, up to `widest` bytes, that the rows of bytes `blocks` can be viewed as, and a
-    byte repeated to it: uint8 shifts run element by element, so bytes are shifted two or four at a time
-    (each op's byte mask drops whatever crosses from a neighbouring byte)."""
-    for dtype, width, repeat in ((torch.int32, 4, 0x01010101), (torch.int16, 2, 0x0101)):
-        if width <= widest and blocks.storage_offset() % width == 0 and blocks.shape[-1] % width == 0:
-            return dtype, repeat
-    return torch.uint8, 1
+def _signed(value: int, dtype: torch.dtype) -> int:
+    """The bits of `value` read as `dtype` (a mask like 0xF0F0F0F0 is negative as an int32)."""
+    bits = 8 * dtype.itemsize
+    return value - (1 << bits) if dtype.is_signed and value >> (bits - 1) else value
 
 
-def _split_nibbles(qs: torch.Tensor, low: torch.Tensor, high: torch.Tensor, mask: int) -> None:
-    """Integer lanes of bytes -> their low nibbles into `low` and their high ones into `high`."""
-    torch.bitwise_and(qs, 0x0F * mask, out=low)
-    torch.bitwise_right_shift(qs, 4, out=high)
-    high.bitwise_and_(0x0F * mask)
+def _int(value: int, dtype: torch.dtype) -> torch.Tensor:
+    """`value` as a 0-d CPU tensor of `dtype`, made once: an int operand is made into one at every op."""
+    key = (value, dtype)
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(_signed(value, dtype), dtype=dtype)
+    return _TABLES[key]
+
+
+def _split_nibbles(qs: torch.Tensor, low: torch.Tensor, high: torch.Tensor, repeat: int) -> None:
+    """Lanes of bytes -> their low nibbles into `low` and their high ones into `high`. Bytes go two or four
+    at a time (uint8 shifts run element by element); the mask drops what a shift moves across bytes."""
+    nibble = _int(0x0F * repeat, qs.dtype)
+    torch.bitwise_and(qs, nibble, out=low)
+    torch.bitwise_right_shift(qs, _int(4, qs.dtype), out=high)
+    high.bitwise_and_(nibble)
 
 
 class Q8_0:
     """A kernel for the blocks `blocks`: `scales(first, stop)` for up to `batch` of them at once, then
-    a call per chunk of `f.shape[0]` blocks (`views` makes the chunk's views again for a shorter one)."""
+    a call per chunk of `f.shape[0]` blocks, its last op writing `out` (`f` itself, or the float32
+    result's rows: one pass less); `views` makes the chunk's views again for a shorter one. `scratch`:
+    the bytes of the uint8 scratch `q` it takes per weight of a chunk."""
+
+    scratch = 0
 
     def __init__(self, blocks: torch.Tensor, f: torch.Tensor, q: torch.Tensor, batch: int):
         self.blocks, self.d = blocks, torch.empty(batch, 1, device=blocks.device)
@@ -74,20 +88,22 @@ class Q8_0:
         d.copy_(self.blocks[first:stop, :2].view(torch.float16))
         return [d]
 
-    def __call__(self, start: int, scales) -> None:
+    def __call__(self, start: int, scales, out: torch.Tensor) -> None:
         self.f.copy_(self.quants[start:start + self.f.shape[0]])
-        self.f.mul_(scales[0])
+        torch.mul(self.f, scales[0], out=out)
 
 
 class Q5_0(Q8_0):
     """The nibbles of every byte of a chunk are split in bulk, then its quant bytes' nibbles are copied
     into the weights' order and OR-ed onto the fifth bits (a table lookup per byte of qh)."""
 
+    scratch = 4
+
     def views(self, f: torch.Tensor, q: torch.Tensor) -> None:
         n = self.n = f.shape[0]
         self.f, self.qh, self.table = f, self.blocks[:, 2:6], _fifth_bit_table(self.blocks.device)
-        self.lanes, self.mask = _lanes(self.blocks, 2)
-        self.bytes = self.blocks.reshape(-1).view(self.lanes)
+        self.lanes, self.repeat = INT16
+        self.bytes = self.blocks.view(-1).view(self.lanes)
         self.weights = q[:32 * n].view(torch.int64)
         nibbles = q[32 * n:64 * n].view(n, 2, 16)
         self.nibbles = nibbles.view(-1).view(torch.int64)
@@ -97,23 +113,23 @@ class Q5_0(Q8_0):
         self.index = q[108 * n:124 * n].view(torch.int32)
         self.quants = self.weights.view(torch.int8).view(n, 32)
 
-    def __call__(self, start: int, scales) -> None:
-        n, per = self.n, 22 // self.lanes.itemsize
+    def __call__(self, start: int, scales, out: torch.Tensor) -> None:
+        n = self.n
         self.index.view(n, 4).copy_(self.qh[start:start + n])
         torch.index_select(self.table, 0, self.index, out=self.weights)
-        _split_nibbles(self.bytes[start * per:(start + n) * per], self.low, self.high, self.mask)
+        _split_nibbles(self.bytes[start * 11:(start + n) * 11], self.low, self.high, self.repeat)
         for to, source in self.moves:
             to.copy_(source)
         self.weights.bitwise_or_(self.nibbles)
         self.f.copy_(self.quants)
-        self.f.mul_(scales[0])
+        torch.mul(self.f, scales[0], out=out)
 
 
 def k_scales(s: torch.Tensor) -> torch.Tensor:
     """The 12 scale bytes of Q4_K/Q5_K super-blocks (n, 12) -> (n, 16) uint8: each block's eight 6-bit
     scales, then its eight 6-bit mins."""
     out = torch.empty(s.shape[0], 16, dtype=torch.uint8, device=s.device)
-    _k_scales(s.contiguous().view(torch.int32), out.view(torch.int32))
+    _k_scales(s.clone(memory_format=torch.contiguous_format).view(torch.int32), out.view(torch.int32))
     return out
 
 
@@ -132,22 +148,25 @@ def _k_scales(lanes: torch.Tensor, out: torch.Tensor) -> None:
 
 class Q4_K(Q8_0):
     """All low nibbles of a chunk, then all its high ones (long runs), moved into the weights' order
-    eight bytes at a time as float64 (bytes a concatenation moves are moved, never changed)."""
+    eight bytes at a time as float64 (bytes a concatenation moves are moved, never changed). A high
+    nibble h is kept in place, as 16 * h, and its group's d * scale is divided by 16 instead: a power of
+    two, so the product is still exactly d * scale * h."""
+
+    scratch = 2
 
     def __init__(self, blocks: torch.Tensor, f: torch.Tensor, q: torch.Tensor, batch: int):
         device = blocks.device
         self.head = torch.empty(batch, 16, dtype=torch.uint8, device=device)
         self.sixes = torch.empty(batch, 16, dtype=torch.uint8, device=device)
-        self.d, self.scaled = torch.empty(batch, 2, 1, device=device), torch.empty(2, batch, 8, device=device)
+        self.halves, self.scaled = torch.empty(batch, 8, device=device), torch.empty(2, batch, 8, device=device)
         self.blocks = blocks
         self.views(f, q)
 
     def views(self, f: torch.Tensor, q: torch.Tensor) -> None:
         n = self.n = f.shape[0]
-        self.lanes, self.mask = _lanes(self.blocks, 4)
-        self.qs = self.blocks.view(self.lanes)[:, 16 // self.lanes.itemsize:]
+        self.qs, self.nibbles = self.blocks.view(torch.int32)[:, 4:], _nibble_masks(self.blocks.device)
         halves = q[:256 * n].view(2, n, 128)
-        self.low, self.high = halves[0].view(self.lanes), halves[1].view(self.lanes)
+        self.split = halves.view(torch.int32)
         self.pieces = [halves[0].view(torch.float64).view(n, 4, 4), halves[1].view(torch.float64).view(n, 4, 4)]
         ordered = q[256 * n:512 * n]
         self.ordered, self.quants = ordered.view(torch.float64).view(n, 4, 8), ordered.view(n, 8, 32)
@@ -157,24 +176,28 @@ class Q4_K(Q8_0):
         """Each 32-weight group's d * scale and dmin * min, (n, 8, 1) each: exact products, as the
         reference forms them."""
         n = stop - first
-        head, d, scaled = self.head[:n], self.d[:n], self.scaled[:, :n]
+        head, halves, scaled = self.head[:n], self.halves[:n], self.scaled[:, :n]
         head.copy_(self.blocks[first:stop, :16])
-        d.copy_(head[:, :4].view(torch.float16).unsqueeze(-1))
+        halves.copy_(head.view(torch.float16))  # d and dmin, and six more: a whole row converts faster
         _k_scales(head.view(torch.int32)[:, 1:], self.sixes[:n].view(torch.int32))
         # each in its own contiguous run: the chunk's ops read them at twice the speed of a strided one
-        scaled.copy_(self.sixes[:n].view(n, 2, 8).transpose(0, 1)).mul_(d.transpose(0, 1))
+        scaled.copy_(self.sixes[:n].view(n, 2, 8).transpose(0, 1)).mul_(halves[:, :2].t().unsqueeze(-1))
+        scaled[0, :, 1::2].mul_(0.0625)  # >= 2**-28 where not 0: far from float32's subnormals
         return [scaled[0].unsqueeze(-1), scaled[1].unsqueeze(-1)]
 
-    def __call__(self, start: int, scales) -> None:
-        _split_nibbles(self.qs[start:start + self.n], self.low, self.high, self.mask)
+    def __call__(self, start: int, scales, out: torch.Tensor) -> None:
+        torch.bitwise_and(self.qs[start:start + self.n], self.nibbles, out=self.split)  # both halves at once
         torch.cat(self.pieces, dim=-1, out=self.ordered)
         self.g.copy_(self.quants)
-        self.g.mul_(scales[0]).sub_(scales[1])
+        self.g.mul_(scales[0])
+        torch.sub(self.g, scales[1], out=out.view(self.g.shape))
 
 
 class Q6_K(Q8_0):
     """The quant of 32-weight part k of a half is nibble k // 2 of ql's group k % 2 and bits 2k..2k+1 of
     qh. The nibbles and the bits are each built in bulk, moved into the weights' order, then OR-ed."""
+
+    scratch = 4
 
     def __init__(self, blocks: torch.Tensor, f: torch.Tensor, q: torch.Tensor, batch: int):
         self.d, self.scaled = torch.empty(batch, 1, device=blocks.device), torch.empty(batch, 16, device=blocks.device)
@@ -183,9 +206,8 @@ class Q6_K(Q8_0):
 
     def views(self, f: torch.Tensor, q: torch.Tensor) -> None:
         n = self.n = f.shape[0]
-        self.f, self.lanes, self.mask = f, *_lanes(self.blocks, 2)
-        per = self.lanes.itemsize
-        self.ql, self.qh = self.blocks.view(self.lanes)[:, :128 // per], self.blocks[:, 128:192]
+        self.f, (self.lanes, self.repeat) = f, INT16
+        self.ql, self.qh = self.blocks.view(self.lanes)[:, :64], self.blocks[:, 128:192]
         nibbles, qh = q[:256 * n].view(2, n, 2, 2, 32), q[256 * n:320 * n].view(n, 64)
         self.low, self.high = nibbles[0].view(n, -1).view(self.lanes), nibbles[1].view(n, -1).view(self.lanes)
         self.qh_copy, self.qh_lanes = qh, qh.view(self.lanes)
@@ -193,8 +215,9 @@ class Q6_K(Q8_0):
         self.bits = [bits[k].view(n, -1).view(self.lanes) for k in range(4)]
         self.all_bits = bits.view(-1).view(self.lanes)
         ordered, ordered_bits = q[576 * n:832 * n], q[:256 * n]  # the nibbles are moved out first
-        self.moves = [(ordered.view(n, 2, 2, 2, 32), nibbles.permute(1, 2, 0, 3, 4)),
-                      (ordered_bits.view(n, 2, 4, 32), bits.permute(1, 2, 0, 3))]
+        w = torch.float64  # (pieces, where they go side by side), eight bytes at a time
+        self.moves = [([nibbles[i].view(w).view(n, 2, 1, 8) for i in range(2)], ordered.view(w).view(n, 2, 2, 8)),
+                      ([bits[k].view(w).view(n, 2, 1, 4) for k in range(4)], ordered_bits.view(w).view(n, 2, 4, 4))]
         self.ordered, self.ordered_bits = ordered.view(self.lanes), ordered_bits.view(self.lanes)
         self.quants = ordered.view(torch.int8).view(n, 256)
 
@@ -205,19 +228,19 @@ class Q6_K(Q8_0):
         scaled.copy_(self.blocks[first:stop, 192:208].view(torch.int8)).mul_(d)
         return [scaled.unsqueeze(-1)]
 
-    def __call__(self, start: int, scales) -> None:
-        stop, mask = start + self.n, self.mask
-        _split_nibbles(self.ql[start:stop], self.low, self.high, mask)
+    def __call__(self, start: int, scales, out: torch.Tensor) -> None:
+        stop, lanes, repeat = start + self.n, self.lanes, self.repeat
+        _split_nibbles(self.ql[start:stop], self.low, self.high, repeat)
         self.qh_copy.copy_(self.qh[start:stop])
         for k, bits in enumerate(self.bits):  # a neighbour's bits shifted in are dropped by the mask below
-            torch.bitwise_right_shift(self.qh_lanes, 2 * k, out=bits)
-        self.all_bits.bitwise_and_(0x03 * mask).bitwise_left_shift_(4)  # two bits a byte: no carry out
-        for to, source in self.moves:
-            to.copy_(source)
+            torch.bitwise_right_shift(self.qh_lanes, _int(2 * k, lanes), out=bits)
+        self.all_bits.bitwise_and_(_int(0x03 * repeat, lanes)).bitwise_left_shift_(_int(4, lanes))  # no carry out
+        for pieces, to in self.moves:
+            torch.cat(pieces, dim=2, out=to)
         self.ordered.bitwise_or_(self.ordered_bits)
-        self.ordered.view(torch.uint8).sub_(32)  # wraps in uint8: read as int8 it is q - 32
+        self.ordered.view(torch.uint8).sub_(_int(32, torch.uint8))  # wraps in uint8: read as int8 it is q - 32
         self.f.copy_(self.quants)
-        self.f.view(self.n, 16, 16).mul_(scales[0])
+        torch.mul(self.f.view(self.n, 16, 16), scales[0], out=out.view(self.n, 16, 16))
 
 
 KERNELS = {6: Q5_0, 8: Q8_0, 12: Q4_K, 14: Q6_K}
