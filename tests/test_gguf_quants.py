@@ -48,3 +48,53 @@ def test_every_tensor_of_the_shipped_files_matches():
 def test_an_unsupported_type_is_refused_by_name():
     with pytest.raises(ValueError, match="IQ2_XXS|type 16"):
         gguf_quants.dequantize(torch.zeros(1, 66, dtype=torch.uint8), 16, (256,))
+
+
+KERNEL_TYPES = sorted(gguf_quants.KERNELS)
+
+
+def reference(qtype: int, blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random bytes of `blocks` blocks of `qtype` (NaN and infinite scales among them) and the reference."""
+    nbytes = gguf_quants.TYPES[qtype][2]
+    raw = np.random.default_rng(seed).integers(0, 256, size=(blocks, nbytes), dtype=np.uint8)
+    with np.errstate(all="ignore"):
+        return raw, gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(qtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: gguf_quants.type_name(t))
+def test_chunks_batches_and_threads_match_the_reference(qtype, threads, dtype, monkeypatch):
+    """Chunks of 5 blocks, scales made for 10 at once: 37 blocks end in a short batch and a short chunk."""
+    size = gguf_quants.TYPES[qtype][1]
+    monkeypatch.setattr(gguf_quants, "CPU_CHUNK", 5 * size)
+    monkeypatch.setattr(gguf_quants, "SCALE_BATCH", 12 * size)
+    raw, ref = reference(qtype, 37, 100 + qtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = torch.full(ref.shape, 7.0, dtype=dtype)
+        ours = gguf_quants.dequantize(torch.from_numpy(raw), qtype, ref.shape, dtype, out=out)
+    finally:
+        torch.set_num_threads(before)
+    assert ours.data_ptr() == out.data_ptr()
+    expected = torch.from_numpy(np.asarray(ref, dtype=np.float32)).to(dtype)
+    assert np.array_equal(ours.float().numpy(), expected.float().numpy(), equal_nan=True)
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: gguf_quants.type_name(t))
+def test_blocks_at_an_odd_offset_match_the_reference(qtype):
+    """Bytes the kernels cannot view as wider types where they lie are read the same."""
+    raw, ref = reference(qtype, 9, 200 + qtype)
+    shifted = torch.zeros(raw.size + 1, dtype=torch.uint8)
+    shifted[1:] = torch.from_numpy(raw).reshape(-1)
+    ours = gguf_quants.dequantize(shifted[1:].view(raw.shape), qtype, ref.shape)
+    assert same(ours, ref)
+    assert shifted[1:].view(raw.shape).numpy().tobytes() == raw.tobytes()  # its bytes left as they were
+
+
+def test_q5_k_scales_leave_a_single_block_as_it_was():
+    raw, ref = reference(13, 1, 300)
+    blocks = torch.from_numpy(raw.copy())
+    assert same(gguf_quants.dequantize(blocks, 13, ref.shape), ref)
+    assert blocks.numpy().tobytes() == raw.tobytes()

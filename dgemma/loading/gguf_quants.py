@@ -15,8 +15,9 @@ import torch
 
 from .gguf_kernels import KERNELS, k_scales
 
-CPU_CHUNK = 1 << 20  # weights per kernel chunk on the CPU: its buffers (5 MiB) stay in cache between passes
-DEVICE_CHUNK = 16 << 20  # on an accelerator, larger chunks: fewer launches
+CPU_CHUNK = 1 << 20  # weights per kernel chunk on the CPU: 8 MiB of scratch at most (see _by_blocks)
+SCALE_BATCH = 1 << 22  # weights whose scales are made at once (in buffers of 2 MiB at most)
+DEVICE_CHUNK = 8 << 20  # on an accelerator, larger chunks (fewer launches): 64 MiB of buffers at most
 QK_K = 256  # weights in a K-quant super-block
 
 # ggml type id -> (name, weights per block, bytes per block)
@@ -77,7 +78,8 @@ def q5_1(b):
 def _k_scaled(b, q):
     """d * scale * q - dmin * min over the eight 32-weight groups of a super-block."""
     n = b.shape[0]
-    sc, mn = k_scales(b[:, 4:16])
+    sixes = k_scales(b[:, 4:16])
+    sc, mn = sixes[:, :8], sixes[:, 8:]
     d = (_f16(b[:, :2]) * sc.float()).reshape(n, 8, 1)
     dm = (_f16(b[:, 2:4]) * mn.float()).reshape(n, 8, 1)
     return (d * q.reshape(n, 8, 32).float() - dm).reshape(n, QK_K)
@@ -151,11 +153,14 @@ def _by_blocks(blocks: torch.Tensor, qtype: int, out: torch.Tensor) -> None:
     """Blocks (n, bytes) -> `out` (n, weights) through the type's kernel, a chunk at a time.
 
     On the CPU each of torch's threads takes its own share of the chunks and runs their ops on itself
-    alone: a chunk is a dozen short ops, and with torch's intra-op threads every op ends at a barrier
-    that waits for a thread the OS has descheduled whenever the machine is busy (measured: 10-40 M
-    weights/s on two threads of a loaded 2-core machine, 300 per thread this way)."""
+    alone: with torch's intra-op threads every op ends at a barrier that waits for a thread the OS has
+    descheduled whenever the machine is busy (measured: 10-40 M weights/s on two threads of a loaded
+    2-core machine, 300 per thread this way). Each op's call takes the GIL back, which costs tens of
+    microseconds when the other threads hold it: chunks are large (CPU_CHUNK) to make few calls."""
     size = TYPES[qtype][1]
     n = blocks.shape[0]
+    if blocks.storage_offset() % 4:  # the kernels view bytes as int16, int32 and half floats
+        blocks = blocks.clone()
     if blocks.device.type != "cpu":
         _chunks(blocks, out, qtype, DEVICE_CHUNK)
         return
@@ -191,18 +196,27 @@ def _alone(blocks: torch.Tensor, out: torch.Tensor, qtype: int) -> None:
 
 
 def _chunks(blocks: torch.Tensor, out: torch.Tensor, qtype: int, chunk: int) -> None:
-    """Into `out`, with two scratch buffers reused for every chunk; float32 goes straight into `out`."""
+    """Into `out`, a chunk at a time through the type's kernel and its scratch, reused for every chunk
+    (float32 is made in the scratch too, all but the last op, which writes `out`: the other passes stay
+    nearer the CPU). The scales are made for a batch of chunks at once."""
     size = TYPES[qtype][1]
     n = blocks.shape[0]
     step = min(max(1, chunk // size), n)
-    f = out if out.dtype == torch.float32 else torch.empty(step, size, device=blocks.device)
-    q = torch.empty(step, size, dtype=torch.uint8, device=blocks.device)
-    for start in range(0, n, step):
-        stop = min(start + step, n)
-        part = f[start:stop] if f is out else f[:stop - start]
-        KERNELS[qtype](blocks[start:stop], part, q[:stop - start])
-        if f is not out:
-            out[start:stop].copy_(part)
+    batch = max(step, SCALE_BATCH // size // step * step)
+    f = torch.empty(step, size, device=blocks.device)
+    kind = KERNELS[qtype]
+    q = torch.empty(kind.scratch * step * size, dtype=torch.uint8, device=blocks.device)
+    kernel = kind(blocks, f, q, min(batch, n))
+    direct = out.dtype == torch.float32
+    for first in range(0, n, batch):
+        scales = kernel.scales(first, min(first + batch, n))
+        for start in range(first, min(first + batch, n), step):
+            stop = min(start + step, n)
+            if stop - start < step:  # the last chunk, shorter
+                kernel.views(f[:stop - start], q)
+            kernel(start, [s[start - first:stop - first] for s in scales], out[start:stop] if direct else kernel.f)
+            if not direct:
+                out[start:stop].copy_(kernel.f)
 
 
 def _rows(rows: torch.Tensor, qtype: int, nbytes: int, out_row: int) -> torch.Tensor:
