@@ -2,9 +2,9 @@
 
 Every wait can be cut: connect, send, the answer's headers and a JSON body wait on a helper thread while
 the caller checks for an interrupt every `POLL` seconds; a stream's lines are read by the caller while a
-watcher makes that check. Either closes the connection at once. Everything read is bounded (a line, an answer, the events of a run); a server that dies,
-goes silent, redirects or answers out of shape is an error naming the URL, never a hang. Nothing
-is retried, and the token never reaches a message (`access.redact`).
+watcher makes that check. Either closes the connection at once. Everything read is bounded (a line, an
+answer, the events of a run); a server that dies, goes silent, redirects or answers out of shape is an error
+naming the URL, never a hang. Nothing is retried, and the token never reaches a message (`access.redact`).
 """
 
 from __future__ import annotations
