@@ -13,7 +13,6 @@ experts are dense at a time, always in the same memory.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .gguf_quants import TYPES, dequantize
 from .held import HeldWeight
@@ -40,16 +39,5 @@ class GGUFWeight(HeldWeight):
     def device(self) -> torch.device:
         return self.blocks.device
 
-    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Rows `ids` of a 2-D weight: each row is whole blocks, so only those rows are dequantized."""
-        flat = self.blocks.reshape(self.shape[0], -1)[ids.reshape(-1)]
-        return dequantize(flat, self.qtype, (*ids.shape, self.shape[-1]), dtype)
-
     def extra_repr(self) -> str:
         return f"{self.gguf_name}, {TYPES[self.qtype][0]}, {list(self.shape)}"
-
-
-def held_bytes(model: nn.Module) -> int:
-    """Bytes of every block tensor, each counted once."""
-    seen = {id(m.blocks): m.blocks.nbytes for m in model.modules() if isinstance(m, GGUFWeight)}
-    return sum(seen.values())
