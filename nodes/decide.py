@@ -167,9 +167,7 @@ class DecideView:
 
     def failed(self, err: BaseException) -> None:
         if self.live:
-            ended = self.stream.failed(err)
-            self.note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
-            host.send(DONE, ended)
+            host.send_failed(self.stream, self.note, err)
 
     def done(self, decision) -> None:
         self.bar.to(self.bar.total)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from ..dgemma.paths import add_root
+from .events import DONE
 
 MODEL_FOLDER = "diffusiongemma"
 
@@ -58,6 +59,13 @@ def send(event: str, data: dict) -> None:
         instance.send_sync(event, data, instance.client_id)
     for callback in _listeners:
         callback(event, data)
+
+
+def send_failed(stream, note, err: BaseException) -> None:
+    """A live run ended by `err`: the stream's last event, and the progress text saying where it stopped."""
+    ended = stream.failed(err)
+    note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
+    send(DONE, ended)
 
 
 class Progress:

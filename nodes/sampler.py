@@ -111,9 +111,7 @@ class LiveRun:
 
     def failed(self, err: BaseException) -> None:
         if self.live:
-            ended = self.stream.failed(err)
-            self.note.show(f"{ended['status']} after {ended['steps_used']} steps", force=True)
-            host.send(DONE, ended)
+            host.send_failed(self.stream, self.note, err)
 
     def done(self, results) -> None:
         """The end, told once the node has returned: until ComfyUI holds its outputs the run is not done."""
