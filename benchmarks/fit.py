@@ -52,6 +52,7 @@ load_pack()
 from diffusiongemma.dgemma import Knobs, generate, load_model  # noqa: E402
 from diffusiongemma.dgemma.loading import deviceplan  # noqa: E402
 from diffusiongemma.dgemma.loading import quant_at_load as qal  # noqa: E402
+from diffusiongemma.dgemma.loading.load import mode_needs  # noqa: E402
 from diffusiongemma.testing import fitcheck, realscale, realslice  # noqa: E402
 
 GIB = 2**30
@@ -152,14 +153,7 @@ def child(quant: str, reference: str | None, out_logits: str | None, threads: in
 def planned(quant: str) -> deviceplan.Need:
     """The device plan's Need for the real model in `quant` (bf16 checkpoint), as the loader works it out."""
     config = realscale.real_config()
-    text = config.get_text_config(decoder=True)
-    shape = qal.geometry(config)
-    step, kept = deviceplan.step_bytes(text, 256, deviceplan.LOAD_CONTEXT), deviceplan.kept_bytes(text, 256)
-    if quant == "none":
-        return deviceplan.Need(shape.total_numel * 2, shape.total_numel * 2, step, kept)
-    return deviceplan.made_need(shape.total_numel * 2, sum(shape.quantized), shape.packed_bytes(quant),
-                                shape.dense_numel, max(shape.quantized), step, 2, deviceplan.logit_bytes(text, 256),
-                                kept)
+    return mode_needs(config, qal.geometry(config).total_numel * 2, "none")[quant]
 
 
 def report(m: dict) -> float:

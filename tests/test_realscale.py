@@ -125,17 +125,10 @@ def machine(card: int, ram: int) -> dict:
 
 def all_needs(stored: str = "none") -> dict:
     """Every mode's Need at the real geometry, as the loader works them out for the bf16 (or INT4) checkpoint."""
-    from diffusiongemma.dgemma.loading import autoround_run, quant_at_load
+    from diffusiongemma.dgemma.loading.load import mode_needs
 
-    shape = quant_at_load.geometry(rs.real_config())
-    step = deviceplan.step_bytes(TEXT, 256, deviceplan.LOAD_CONTEXT)
-    made = {q: deviceplan.made_need(BF16, sum(shape.quantized), shape.packed_bytes(q), shape.dense_numel,
-                                    max(shape.quantized), step, 2,
-                                    deviceplan.logit_bytes(TEXT, 256), deviceplan.kept_bytes(TEXT, 256))
-            for q in ("4bit", "8bit")}
     # no shared copies: a tuned checkpoint's worst case
-    dense = shape.dense_numel * 2 + autoround_run.CHUNK_BYTES
-    return deviceplan.need_for(INT4 if stored == "autoround" else BF16, TEXT, 256, stored, 0, made, dense)
+    return mode_needs(rs.real_config(), INT4 if stored == "autoround" else BF16, stored)
 
 
 def placed(p) -> str:

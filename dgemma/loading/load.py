@@ -154,23 +154,28 @@ def stored_bytes(folder: Path | None, where: str, local: bool, config) -> tuple[
     return preflight.hub_bytes(where, local) or 0, {}, 0, None
 
 
+def mode_needs(config, weights: int, stored_mode: str, shared: int = 0) -> dict[str, deviceplan.Need]:
+    """Every mode's Need for a checkpoint of `config` whose weights load as `weights` bytes, stored in
+    `stored_mode` (none or autoround) with `shared` duplicate bytes the load drops (see deviceplan)."""
+    text, canvas = config.get_text_config(decoder=True), config.canvas_length
+    shape = quant_at_load.geometry(config)
+    element = max(1, round(weights / shape.total_numel)) if stored_mode == "none" else 2
+    step = deviceplan.step_bytes(text, canvas, deviceplan.LOAD_CONTEXT)
+    made = {q: deviceplan.made_need(shape.total_numel * element, sum(shape.quantized), shape.packed_bytes(q),
+                                    shape.dense_numel, max(shape.quantized, default=0), step, element,
+                                    deviceplan.logit_bytes(text, canvas), deviceplan.kept_bytes(text, canvas))
+            for q in MADE_AT_LOAD}
+    dense = shape.dense_numel * 2 + autoround_run.CHUNK_BYTES  # bf16 experts of one layer, and their making
+    return deviceplan.need_for(weights, text, canvas, stored_mode, shared, made, dense)
+
+
 def place(config, stored: int, per_dtype: dict, shared: int, torch_dtype, device: str, quant: str,
           host: machine.Machine):
     """The device plan for what a run of this checkpoint needs on `host`, in `quant` or (auto) the best mode that
     fits (see deviceplan), on the host's accelerator by name; the host first frees room for it there."""
     weights = preflight.loaded_bytes(stored, per_dtype, torch_dtype)
     stored_mode = "autoround" if quant_method(config) == "auto-round" else "none"
-    text = config.get_text_config(decoder=True)
-    shape = quant_at_load.geometry(config)
-    element = max(1, round(weights / shape.total_numel)) if stored_mode == "none" else 2
-    step = deviceplan.step_bytes(text, config.canvas_length, deviceplan.LOAD_CONTEXT)
-    made = {q: deviceplan.made_need(shape.total_numel * element, sum(shape.quantized), shape.packed_bytes(q),
-                                    shape.dense_numel, max(shape.quantized, default=0), step, element,
-                                    deviceplan.logit_bytes(text, config.canvas_length),
-                                    deviceplan.kept_bytes(text, config.canvas_length))
-            for q in MADE_AT_LOAD}
-    dense = shape.dense_numel * 2 + autoround_run.CHUNK_BYTES  # bf16 experts of one layer, and their making
-    needs = deviceplan.need_for(weights, text, config.canvas_length, stored_mode, shared, made, dense)
+    needs = mode_needs(config, weights, stored_mode, shared)
     own = (stored_mode,) if stored_mode == "autoround" else ("none", *(MADE_AT_LOAD if has_bitsandbytes() else ()))
     figures = host.room(device, needs[quant if quant != "auto" else own[0]].peak)
     if quant == "auto":
