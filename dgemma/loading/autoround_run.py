@@ -169,8 +169,10 @@ def _stack_experts(model, dtype) -> set[int]:
     Linears the encoder shares with the decoder give one stack, shared too."""
     stacks: dict = {}
     stacked: set = set()
-    for module in {id(m): m for m in model.modules() if _experts(m) is not None}.values():
+    for module in list(model.modules()):  # each module once, listed before any is changed
         triples = _experts(module)
+        if triples is None:
+            continue
         stacked.update(id(p) for t in triples for p in t)
         weights = []
         for part in ([t[:2] for t in triples], [t[2:] for t in triples]):
