@@ -1,4 +1,5 @@
-"""GGUF dequantization in torch equals the gguf package's numpy reference, bit for bit."""
+"""GGUF dequantization equals the gguf package's numpy reference, bit for bit: numba's one-pass kernels on
+the CPU, and torch's (what an accelerator runs, and the CPU without numba)."""
 
 from pathlib import Path
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dgemma.loading import gguf_quants
+from dgemma.loading import gguf_numba, gguf_quants
 
 gguf = pytest.importorskip("gguf")
 
@@ -18,8 +19,19 @@ def same(ours: torch.Tensor, ref: np.ndarray) -> bool:
     return np.array_equal(ours.numpy(), np.asarray(ref, dtype=np.float32), equal_nan=True)
 
 
+@pytest.fixture(params=["numba", "torch"])
+def engine(request, monkeypatch):
+    """Each test once through numba's kernels and once through torch's alone (numba's taken away)."""
+    if request.param == "numba":
+        pytest.importorskip("numba")
+        assert {2, 3, 6, 7, 8, 12, 13, 14} <= set(gguf_numba.KERNELS)
+    else:
+        monkeypatch.setattr(gguf_numba, "KERNELS", {})
+    return request.param
+
+
 @pytest.mark.parametrize("qtype", sorted(gguf_quants.TYPES), ids=lambda t: gguf_quants.type_name(t))
-def test_random_blocks_match_the_reference(qtype):
+def test_random_blocks_match_the_reference(qtype, engine):
     _, size, nbytes = gguf_quants.TYPES[qtype]
     rng = np.random.default_rng(qtype)
     raw = rng.integers(0, 256, size=(24, 8 * nbytes), dtype=np.uint8)
@@ -32,7 +44,7 @@ def test_random_blocks_match_the_reference(qtype):
     assert same(chunked, ref)
 
 
-def test_every_tensor_of_the_shipped_files_matches():
+def test_every_tensor_of_the_shipped_files_matches(engine):
     assert len(FILES) == 3
     seen = set()
     for path in FILES:
@@ -50,7 +62,7 @@ def test_an_unsupported_type_is_refused_by_name():
         gguf_quants.dequantize(torch.zeros(1, 66, dtype=torch.uint8), 16, (256,))
 
 
-KERNEL_TYPES = sorted(gguf_quants.KERNELS)
+KERNEL_TYPES = sorted(set(gguf_quants.KERNELS) | set(gguf_numba.KERNELS))
 
 
 def reference(qtype: int, blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +76,7 @@ def reference(qtype: int, blocks: int, seed: int) -> tuple[np.ndarray, np.ndarra
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: gguf_quants.type_name(t))
-def test_chunks_batches_and_threads_match_the_reference(qtype, threads, dtype, monkeypatch):
+def test_chunks_batches_and_threads_match_the_reference(qtype, threads, dtype, engine, monkeypatch):
     """Chunks of 5 blocks, scales made for 10 at once: 37 blocks end in a short batch and a short chunk."""
     size = gguf_quants.TYPES[qtype][1]
     monkeypatch.setattr(gguf_quants, "CPU_CHUNK", 5 * size)
@@ -83,7 +95,7 @@ def test_chunks_batches_and_threads_match_the_reference(qtype, threads, dtype, m
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: gguf_quants.type_name(t))
-def test_blocks_at_an_odd_offset_match_the_reference(qtype):
+def test_blocks_at_an_odd_offset_match_the_reference(qtype, engine):
     """Bytes the kernels cannot view as wider types where they lie are read the same."""
     raw, ref = reference(qtype, 9, 200 + qtype)
     shifted = torch.zeros(raw.size + 1, dtype=torch.uint8)

@@ -1,4 +1,5 @@
-"""Fast GGUF block kernels for the types a K-quant file mostly holds (Q4_K, Q5_0, Q8_0, Q6_K).
+"""Fast GGUF block kernels in torch for the types a K-quant file mostly holds (Q4_K, Q5_0, Q8_0, Q6_K): what
+an accelerator runs, and a CPU without numba (gguf_numba.py is the CPU's faster path).
 
 A kernel is made for a tensor's blocks (their storage offset a multiple of 8: its views read bytes as
 wider types) and a chunk size; it makes its views of the blocks' fields and of its scratch buffers once,

@@ -20,7 +20,7 @@ import torch
 from ..errors import LoadCancelled
 from ..inputs.tokens import channel_ids, check_template, eos_ids, tokenizer_fingerprint
 from ..payloads import DGemmaModel
-from . import gguf_config, gguf_file, gguf_plan, machine
+from . import gguf_config, gguf_file, gguf_numba, gguf_plan, machine
 from .gguf_file import ROPE_FREQS, TOP_NAMES, checkpoint_name
 from .gguf_modules import GGUFWeight, chunk_rows
 from .gguf_quants import TYPES, dequantize, row_bytes
@@ -184,6 +184,9 @@ def load_gguf(path, dtype: str = "auto", device: str = "auto", should_cancel=Non
     model = skeleton(config)
     plan = tensor_plan(g, model)
     place, torch_dtype = gguf_plan.place(plan, config, device, chosen, host)
+    if torch.device(place).type == "cpu":
+        log.info("GGUF %s on the CPU: blocks made dense by %s", path.name, "numba's one-pass kernels"
+                 if gguf_numba.KERNELS else "torch (`pip install numba` makes that about 3x faster)")
     filler = _Filler(model, plan, torch_dtype, place, should_cancel)
     filler.fill(owners(model))
     model.to(place)

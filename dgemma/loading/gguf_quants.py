@@ -13,6 +13,7 @@ import threading
 
 import torch
 
+from . import gguf_numba
 from .gguf_kernels import KERNELS, k_scales
 
 CPU_CHUNK = 1 << 20  # weights per kernel chunk on the CPU: 8 MiB of scratch at most (see _by_blocks)
@@ -133,14 +134,15 @@ def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], dtype=torc
     _, size, nbytes = TYPES[qtype]
     rows = raw.reshape(-1, raw.shape[-1])
     out_row = rows.shape[-1] // nbytes * size
-    whole = qtype not in KERNELS and not 0 < chunk_rows < rows.shape[0]
+    compiled = _compiled(raw, qtype, dtype)
+    whole = qtype not in KERNELS and not compiled and not 0 < chunk_rows < rows.shape[0]
     if whole and out is None:  # a float type in its own dtype is a view of its bytes, no copy
         return _rows(rows, qtype, nbytes, out_row).to(dtype).reshape(shape)
     if out is None:
         out = torch.empty(rows.shape[0], out_row, dtype=dtype, device=raw.device)
     flat = out.view(rows.shape[0], out_row)
-    if qtype in KERNELS:
-        _by_blocks(rows.reshape(-1, nbytes), qtype, flat.view(-1, size))
+    if qtype in KERNELS or compiled:
+        _by_blocks(rows.reshape(-1, nbytes), qtype, flat.view(-1, size), compiled)
         return out.view(shape)
     step = rows.shape[0] if whole else chunk_rows
     for start in range(0, rows.shape[0], step):
@@ -149,8 +151,14 @@ def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], dtype=torc
     return out.view(shape)
 
 
-def _by_blocks(blocks: torch.Tensor, qtype: int, out: torch.Tensor) -> None:
-    """Blocks (n, bytes) -> `out` (n, weights) through the type's kernel, a chunk at a time.
+def _compiled(raw: torch.Tensor, qtype: int, dtype: torch.dtype) -> bool:
+    """Whether numba's one-pass kernel makes these blocks dense (on the CPU, into float32 or bfloat16)."""
+    return raw.device.type == "cpu" and qtype in gguf_numba.KERNELS and dtype in (torch.float32, torch.bfloat16)
+
+
+def _by_blocks(blocks: torch.Tensor, qtype: int, out: torch.Tensor, compiled: bool = False) -> None:
+    """Blocks (n, bytes) -> `out` (n, weights) through the type's kernel: numba's where `compiled`, else
+    torch's a chunk at a time.
 
     On the CPU each of torch's threads takes its own share of the chunks and runs their ops on itself
     alone: with torch's intra-op threads every op ends at a barrier that waits for a thread the OS has
@@ -171,9 +179,9 @@ def _by_blocks(blocks: torch.Tensor, qtype: int, out: torch.Tensor) -> None:
         try:
             torch.set_num_threads(1)
             if len(parts) == 1:
-                _chunks(*parts[0], qtype, CPU_CHUNK)
+                _alone(*parts[0], qtype, compiled)
             else:
-                list(_pool(threads).map(lambda p: _alone(p[0], p[1], qtype), parts))
+                list(_pool(threads).map(lambda p: _alone(p[0], p[1], qtype, compiled), parts))
         finally:
             torch.set_num_threads(threads)
 
@@ -190,9 +198,12 @@ def _pool(threads: int):
     return _POOLS[threads]
 
 
-def _alone(blocks: torch.Tensor, out: torch.Tensor, qtype: int) -> None:
+def _alone(blocks: torch.Tensor, out: torch.Tensor, qtype: int, compiled: bool) -> None:
     torch.set_num_threads(1)  # a thread's own setting: each worker thread runs its ops on itself
-    _chunks(blocks, out, qtype, CPU_CHUNK)
+    if compiled:
+        gguf_numba.run(qtype, blocks, out)
+    else:
+        _chunks(blocks, out, qtype, CPU_CHUNK)
 
 
 def _chunks(blocks: torch.Tensor, out: torch.Tensor, qtype: int, chunk: int) -> None:
