@@ -148,6 +148,7 @@ class Remote:
                 if item == "[DONE]":
                     return
                 yield self._json(item, path)
+                watch.check()  # before the next read blocks: a cancel made while handling this event
             watch.check()
             raise self.error(path, "closed the stream before it ended")
         except (OSError, http.client.HTTPException, ValueError) as err:
@@ -194,6 +195,8 @@ class _Watch:
 def _on_helper(work, conn, stop: threading.Event, should_cancel):
     """`work()` run on a helper thread, checking `should_cancel` meanwhile: a cancel (True, or an
     exception it raises) sets `stop`, closes the connection, which ends any wait of `work`, and raises."""
+    if should_cancel is None:  # nothing can cut the wait: no thread to start
+        return work()
     box: queue.Queue = queue.Queue(maxsize=1)
 
     def run():

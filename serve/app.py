@@ -23,6 +23,7 @@ from ..dgemma.readouts.wire import EXTENSION, MAX_LEN, OWNER, TIMINGS, step_json
 from .answers import answer_of, usage
 from .connections import BODY_TIMEOUT, Connections
 from .decide import job_of as decide_job
+from .outbox import Outbox
 from .requests import UnknownModel, context_of, job_of
 from .runs import Engine, sse, timings
 from .safety import PREFLIGHT_HEADERS, Policy, json_content
@@ -32,9 +33,10 @@ POLICY = web.AppKey("policy", Policy)
 CONNECTIONS = web.AppKey("connections", Connections)
 LENIENT = web.AppKey("lenient", bool)
 MAX_MESSAGE = 600  # characters of an error message: a client's huge value is never echoed whole
-COMPILING, TICK = object(), object()  # queue markers: the run's constraint compiles; nothing came for a while
+COMPILING = object()  # the outbox's marker: the run's constraint compiles
 COMPILING_COMMENT = b": compiling the constraint\n\n"  # an SSE comment: clients skip it, their timeouts reset
 GRACE_S, HEARTBEAT_S = 1.0, 5.0
+SPACING_S = 0.02  # a live view needs no more than 50 writes a second; each write costs the run a GIL hand-off
 
 
 def clip(text: str) -> str:
@@ -274,33 +276,36 @@ async def complete(request, engine, job, ids):
 
 async def stream(request, engine, job, ids):
     """SSE: role, one diffusion_frame per step (its choice's index), reasoning, content, finish, usage +
-    timings, [DONE]."""
-    loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), Cancel(request)
+    timings, [DONE]. Frames that come within SPACING_S of a write go out together in the next one."""
+    loop, cancel = asyncio.get_running_loop(), Cancel(request)
+    outbox = Outbox(loop)
     top = {**head(), "model": engine.model_id}
     chunk = engine.frame_chunk(top, job.knobs.num_inference_steps)
-    on_frame = lambda index, frame: loop.call_soon_threadsafe(queue.put_nowait, chunk(index, frame))
-    on_compile = lambda: loop.call_soon_threadsafe(queue.put_nowait, COMPILING)
-    run = loop.run_in_executor(engine.worker, engine.run, job, ids, on_frame, cancel, on_compile)
-    run.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+    on_frame = lambda index, frame: outbox.put(chunk(index, frame))
+    run = loop.run_in_executor(engine.worker, engine.run, job, ids, on_frame, cancel, lambda: outbox.put(COMPILING))
+    run.add_done_callback(lambda _: outbox.put(None, urgent=True))
     retrieved(run)
-    first = await queue.get()
-    compiling = first is COMPILING
+    batch = await outbox.take()
+    compiling = batch[0] is COMPILING
     if compiling:
-        first = await next_item(queue, GRACE_S)  # a quick refusal still answers a plain 4xx
-    if first is None and run.exception() is not None:
+        batch = batch[1:] or await outbox.take(GRACE_S)  # a quick refusal still answers a plain 4xx
+    if batch and batch[0] is None and run.exception() is not None:
         raise run.exception()  # refused before any step: a plain 4xx (an InputError) or a 500
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **warned(job)})
     try:
         await response.prepare(request)
-        for i in range(job.n):
-            await response.write(sse({**top, "choices": [{"index": i, "delta": {"role": "assistant"},
-                                                          "finish_reason": None}]}))
-        item = first
-        while item is not None:
-            compiling = compiling and item is TICK  # a client with a 30-60 s timeout hears from a long compile
-            await response.write(COMPILING_COMMENT if item is TICK else item)
-            item = await next_item(queue, HEARTBEAT_S) if compiling else await queue.get()
+        await response.write(b"".join(sse({**top, "choices": [{"index": i, "delta": {"role": "assistant"},
+                                                                "finish_reason": None}]}) for i in range(job.n)))
+        while True:
+            frames = [item for item in batch if isinstance(item, bytes)]
+            compiling = compiling and not frames
+            if frames or compiling and not batch:  # a client with a 30-60 s timeout hears from a long compile
+                await response.write(b"".join(frames) or COMPILING_COMMENT)
+            if None in batch:
+                break
+            batch = await outbox.take(SPACING_S, eager=False) if frames else []
+            batch = batch or await outbox.take(HEARTBEAT_S if compiling else None)
         await response.write(ending(top, engine, job, run))
     except ConnectionError:
         cancel.event.set()  # the client went away: the run stops at its next step; nobody reads an answer
@@ -308,14 +313,6 @@ async def stream(request, engine, job, ids):
         cancel.event.set()
         raise
     return response
-
-
-async def next_item(queue, timeout: float):
-    """The queue's next item, or TICK when none came within `timeout` seconds."""
-    try:
-        return await asyncio.wait_for(queue.get(), timeout)
-    except asyncio.TimeoutError:
-        return TICK
 
 
 def ending(top: dict, engine, job, run) -> bytes:
