@@ -37,7 +37,9 @@ def run(qtype: int, blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 if numba is not None:
-    jit = numba.njit(nogil=True, cache=True, boundscheck=False)
+    # compiled in each process (about 0.2 s a kernel, at its first use): numba's disk cache is keyed by the
+    # source file but names the module, which differs between ComfyUI, the headless runner and the tests
+    jit = numba.njit(nogil=True, boundscheck=False)
 
     def _cast(value, zero):
         """value (float32) as zero's type: itself, or (uint16) its bfloat16 bits."""
