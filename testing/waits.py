@@ -145,4 +145,17 @@ def mode_run(mode: str, demo, int4=None):
     options = {"logprobs": {"logprobs": 5}, "constraint": {"constraint": choice},
                "logprobs, constrained": {"logprobs": 5, "constraint": choice}}
     request = prepare(dm, "What is 3+4?", knobs, **options.get(mode, {}))
-    return lambda: run(request)
+    return (lambda: _torch_kernels(run, request)) if mode == "gguf" else lambda: run(request)
+
+
+def _torch_kernels(work, *args):
+    """`work(*args)` with GGUF blocks made dense by torch's kernels, as on an accelerator (numba's kernels are
+    the CPU's own path, and hand torch's tensors to numpy, which here would count as waits)."""
+    from ..dgemma.loading import gguf_numba
+
+    saved = dict(gguf_numba.KERNELS)
+    gguf_numba.KERNELS.clear()
+    try:
+        return work(*args)
+    finally:
+        gguf_numba.KERNELS.update(saved)
