@@ -276,7 +276,7 @@ async def complete(request, engine, job, ids):
 
 async def stream(request, engine, job, ids):
     """SSE: role, one diffusion_frame per step (its choice's index), reasoning, content, finish, usage +
-    timings, [DONE]. Frames that come within SPACING_S of a write go out together in the next one."""
+    timings, [DONE]."""
     loop, cancel = asyncio.get_running_loop(), Cancel(request)
     outbox = Outbox(loop)
     top = {**head(), "model": engine.model_id}
@@ -285,10 +285,7 @@ async def stream(request, engine, job, ids):
     run = loop.run_in_executor(engine.worker, engine.run, job, ids, on_frame, cancel, lambda: outbox.put(COMPILING))
     run.add_done_callback(lambda _: outbox.put(None, urgent=True))
     retrieved(run)
-    batch = await outbox.take()
-    compiling = batch[0] is COMPILING
-    if compiling:
-        batch = batch[1:] or await outbox.take(GRACE_S)  # a quick refusal still answers a plain 4xx
+    batch, compiling = await first_batch(outbox)
     if batch and batch[0] is None and run.exception() is not None:
         raise run.exception()  # refused before any step: a plain 4xx (an InputError) or a 500
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -297,15 +294,7 @@ async def stream(request, engine, job, ids):
         await response.prepare(request)
         await response.write(b"".join(sse({**top, "choices": [{"index": i, "delta": {"role": "assistant"},
                                                                 "finish_reason": None}]}) for i in range(job.n)))
-        while True:
-            frames = [item for item in batch if isinstance(item, bytes)]
-            compiling = compiling and not frames
-            if frames or compiling and not batch:  # a client with a 30-60 s timeout hears from a long compile
-                await response.write(b"".join(frames) or COMPILING_COMMENT)
-            if None in batch:
-                break
-            batch = await outbox.take(SPACING_S, eager=False) if frames else []
-            batch = batch or await outbox.take(HEARTBEAT_S if compiling else None)
+        await write_frames(response, outbox, batch, compiling)
         await response.write(ending(top, engine, job, run))
     except ConnectionError:
         cancel.event.set()  # the client went away: the run stops at its next step; nobody reads an answer
@@ -313,6 +302,30 @@ async def stream(request, engine, job, ids):
         cancel.event.set()
         raise
     return response
+
+
+async def first_batch(outbox) -> tuple[list, bool]:
+    """The run's first items, and whether its constraint compiles (then up to GRACE_S more for a step, so a
+    quick refusal still answers a plain 4xx)."""
+    batch = await outbox.take()
+    compiling = batch[0] is COMPILING
+    if compiling:
+        batch = batch[1:] or await outbox.take(GRACE_S)
+    return batch, compiling
+
+
+async def write_frames(response, outbox, batch: list, compiling: bool) -> None:
+    """The run's frames as they come, those within SPACING_S of a write in the next one, until the run ends;
+    while the constraint compiles, a comment every HEARTBEAT_S (a client with a 30-60 s timeout hears)."""
+    while True:
+        frames = [item for item in batch if isinstance(item, bytes)]
+        compiling = compiling and not frames
+        if frames or compiling and not batch:
+            await response.write(b"".join(frames) or COMPILING_COMMENT)
+        if None in batch:
+            return
+        batch = await outbox.take(SPACING_S, eager=False) if frames else []
+        batch = batch or await outbox.take(HEARTBEAT_S if compiling else None)
 
 
 def ending(top: dict, engine, job, run) -> bytes:
