@@ -22,6 +22,7 @@ from ..dgemma.readings import percent
 from ..dgemma.readouts.decide_pictures import chart, trace_lines
 from . import host, memory
 from .events import DONE, START, STEP, StepStream
+from .queue_check import QUEUED_CHECK, QUEUED_CHECK_TYPE
 from .schema import (
     CANVAS_STATE,
     CANVAS_TRACE,
@@ -101,14 +102,17 @@ class DGemmaDecide:
                                              "tooltip": SAMPLES_TOOLTIP}),
                          **knob_inputs(DECIDE_KNOBS)},
             "optional": {"image": image_input(), "kv_cache": context_input()},
-            "hidden": {"unique_id": "UNIQUE_ID"},
+            "hidden": {"unique_id": "UNIQUE_ID", QUEUED_CHECK: QUEUED_CHECK_TYPE},
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, options=None, t_min=None, t_max=None, entropy_bound=None):
+    def VALIDATE_INPUTS(cls, options=None, t_min=None, t_max=None, entropy_bound=None, queued_check=None):
         """The options (empty, blank, repeated, too many, too long) and the knob rules ComfyUI cannot check,
-        when the graph is queued: before the Loader loads a model. Their length in tokens against the canvas
-        needs the tokenizer, so it is checked when the node runs, before any model work."""
+        when the graph is queued: before the Loader loads a model. Their tokens against the canvas need the
+        tokenizer: `queued_check` holds that refusal when the queue's handler could read it (queue_check.py);
+        otherwise the node checks them when it runs, before any model work."""
+        if isinstance(queued_check, str) and queued_check:
+            return queued_check
         if options is not None:
             try:
                 check_options(options_from_text(options))
@@ -116,7 +120,8 @@ class DGemmaDecide:
                 return str(err)
         return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
 
-    def decide(self, model, prompt, options, samples, image=None, kv_cache=None, unique_id=None, **knobs):
+    def decide(self, model, prompt, options, samples, image=None, kv_cache=None, unique_id=None, queued_check=None,
+               **knobs):
         missing = [name for name in DECIDE_KNOBS if name not in knobs]
         if missing:
             raise InputError(missing[0], f"{missing[0]} is missing; wire or set it (default "

@@ -16,7 +16,7 @@ STAMP = "dgemma_outputs_used"
 MAX_STAMP = 200  # characters: a stamp is a few output names
 
 
-def _is_link(value) -> bool:
+def is_link(value) -> bool:
     return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
 
 
@@ -30,7 +30,7 @@ def stamp(graph, classes: dict) -> None:
     for node in graph.values():
         inputs = node.get("inputs") if isinstance(node, dict) else None
         for value in inputs.values() if isinstance(inputs, dict) else ():
-            if _is_link(value):
+            if is_link(value):
                 read.setdefault(value[0], set()).add(value[1])
     for node_id, node in graph.items():
         cls = classes.get(node.get("class_type")) if isinstance(node, dict) else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from ..nodes import NODE_CLASS_MAPPINGS, ON_DEMAND_CLASSES, memory, wiring
+from ..nodes import NODE_CLASS_MAPPINGS, ON_DEMAND_CLASSES, memory, queue_check, wiring
 from .core_nodes import CORE_NODES
 from .graph import check_graph, execution_order, input_specs, is_link
 
@@ -46,9 +46,10 @@ class NodeFailed(Exception):
 
 def run_graph(graph: dict) -> dict:
     """Execute the output nodes of `graph` and their ancestors; returns {node id: ui dict}. The graph is
-    stamped with what it reads, as ComfyUI's server stamps a queued prompt (nodes/wiring.py)."""
-    check_graph(graph, CLASSES)
+    checked and stamped as ComfyUI's server handles a queued prompt (nodes/queue_check.py, nodes/wiring.py)."""
     graph = copy.deepcopy(graph)
+    queue_check.check_prompt(graph)
+    check_graph(graph, CLASSES)
     wiring.stamp(graph, ON_DEMAND_CLASSES)
     with memory.reporting_node_ends():
         return _run(graph)

@@ -29,7 +29,8 @@ def call(cls, **inputs):
     kwargs = dict(inputs)
     if getattr(cls, "INPUT_IS_LIST", False):
         kwargs = {k: v if isinstance(v, list) else [v] for k, v in kwargs.items()}
-    hidden = {name: HIDDEN[kind] for name, kind in spec.get("hidden", {}).items()}
+    # a hidden input of the pack's own type gets only what the prompt holds for it: nothing here
+    hidden = {name: HIDDEN[kind] for name, kind in spec.get("hidden", {}).items() if kind in HIDDEN}
     out, ui = call_node(cls, kwargs, hidden)
     assert isinstance(out, tuple) and len(out) == len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES)
     as_list = getattr(cls, "OUTPUT_IS_LIST", (False,) * len(out))

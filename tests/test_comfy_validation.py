@@ -27,14 +27,15 @@ def comfy_errors(cls, inputs: dict, linked=()) -> list[tuple[str, str]]:
     (None,), whole for a list node (INPUT_IS_LIST), one item per call otherwise.
     """
     spec = {**cls.INPUT_TYPES()["required"], **cls.INPUT_TYPES().get("optional", {})}
+    hidden = cls.INPUT_TYPES().get("hidden", {})  # passed as given, never type- or range-checked
     check = getattr(cls, "VALIDATE_INPUTS", None)
     argspec = inspect.getfullargspec(check) if check else None
     declared, varkw = (argspec.args if argspec else []), (argspec is not None and argspec.varkw is not None)
     errors = []
     for name, value in inputs.items():
-        kind, options = spec[name][0], (spec[name][1] if len(spec[name]) > 1 else {})
-        if name in declared or varkw:
+        if name in hidden or name in declared or varkw:
             continue
+        kind, options = spec[name][0], (spec[name][1] if len(spec[name]) > 1 else {})
         if "min" in options and value < options["min"] or "max" in options and value > options["max"]:
             errors.append((name, "range"))
         elif isinstance(kind, list) and value not in kind:
@@ -55,7 +56,7 @@ def test_no_node_switches_comfyuis_checks_off_for_inputs_it_does_not_check():
             continue
         argspec = inspect.getfullargspec(check)
         spec = cls.INPUT_TYPES()
-        inputs = {**spec["required"], **spec.get("optional", {})}
+        inputs = {**spec["required"], **spec.get("optional", {}), **spec.get("hidden", {})}
         assert argspec.varkw is None, f"{name}.VALIDATE_INPUTS takes **kwargs: ComfyUI then checks no input"
         assert set(argspec.args) - {"cls"} <= set(inputs), name
 

@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from test_queue_checks import decide_graph
+
 from diffusiongemma.runner.cli import DONE, START, STEP
 from diffusiongemma.runner.client import refusal_text
+from diffusiongemma.runner.execute import run_graph
 
 REPO = Path(__file__).resolve().parents[1]
 API = REPO / "example_workflows" / "api"
@@ -60,3 +64,26 @@ def test_a_refusal_prints_as_text_each_line_once():
         "  node 2 (DGemmaSampler) t_min: Custom validation failed for node: t_min - t_min 0.9 is above t_max 0.5",
         "  node 2 (DGemmaSampler) num_inference_steps: Value 999 bigger than max of 1024"]
     assert refusal_text("Bad gateway") == "refused: Bad gateway"
+
+
+def _shown(graph: dict) -> dict:
+    return {**graph, "9": {"class_type": "PreviewAny", "inputs": {"source": ["3", 0]}}}
+
+
+def test_options_over_the_canvas_are_refused_before_the_loader_runs(tmp_path, monkeypatch):
+    graph = _shown(decide_graph("red\n" + "seven " * 40))
+    (tmp_path / "decide.json").write_text(json.dumps(graph))
+    done = _headless(str(tmp_path / "decide.json"), "--out", str(tmp_path), "--quiet")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "does not validate" in done.stderr and "over the canvas of 32 positions" in done.stderr
+    from diffusiongemma.nodes import loader
+
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("the Loader ran before the refusal"))
+    with pytest.raises(ValueError, match=r"node 3 \(DGemmaDecide\): option 'seven seven.* over the canvas"):
+        run_graph(graph)
+
+
+def test_options_that_fit_run_through_the_same_check():
+    graph = _shown(decide_graph("red\ngreen"))
+    graph["3"]["inputs"].update(samples=1, num_inference_steps=2)
+    assert run_graph(graph)["9"]["text"][0] in ("red", "green")

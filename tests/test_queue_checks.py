@@ -3,13 +3,20 @@ string the pack builds bounded by name, and a linked INT range-checked at run ti
 
 from __future__ import annotations
 
+import copy
+import shutil
+from pathlib import Path
+
 import pytest
 from executor import call
 from test_comfy_validation import KNOB_VALUES, comfy_errors
 
 from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
+from diffusiongemma.dgemma.demo import DEMO_LORA_NAME, DEMO_NAME
 from diffusiongemma.dgemma.errors import InputError
+from diffusiongemma.nodes import queue_check
 from diffusiongemma.nodes.join_texts import MAX_ITEMS, MAX_JOINED, MAX_SEPARATOR
+from diffusiongemma.nodes.loader import HUB_IDS
 from diffusiongemma.nodes.prompt_list import MAX_CHARS
 
 DECIDE = {"prompt": "What colour?", "options": "red\ngreen", "samples": 8, **{
@@ -96,3 +103,76 @@ def test_a_constraint_widget_is_refused_when_queued(node, kind, text, says):
     assert check(constraint_type=["regex"], constraint=["seven|eight"]) is True
     assert check(constraint_type=["regex"], constraint=(None,)) is True  # linked: checked when the node runs
     assert check(constraint_type=(None,), constraint=["{not json"]) is True
+
+
+def decide_graph(options, model=DEMO_NAME, lora=False) -> dict:
+    """An API prompt: DGemmaLoader (-> DGemmaLoraLoader) -> DGemmaDecide."""
+    graph = {"1": {"class_type": "DGemmaLoader", "inputs": {"quant": "none", "model": model}}}
+    if lora:
+        graph["2"] = {"class_type": "DGemmaLoraLoader",
+                      "inputs": {"model": ["1", 0], "lora": DEMO_LORA_NAME, "strength": 1.0}}
+    graph["3"] = {"class_type": "DGemmaDecide",
+                  "inputs": {**DECIDE, "model": ["2" if lora else "1", 0], "options": options}}
+    return graph
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Loading any checkpoint's weights fails the test: the queued check reads the tokenizer alone."""
+    from diffusiongemma.dgemma.loading import gguf_load
+    from diffusiongemma.nodes import loader
+
+    def refuse(*args, **kwargs):
+        pytest.fail("weights were loaded while the prompt was checked")
+
+    monkeypatch.setattr(loader, "load_model", refuse)
+    monkeypatch.setattr(gguf_load, "load_gguf", refuse)
+
+
+def queued_errors(graph: dict) -> list[tuple[str, str]]:
+    """The Decide node's errors as ComfyUI reports them once the pack's on-prompt handler has run."""
+    sent = queue_check.on_prompt({"prompt": graph, "client_id": "x"})
+    inputs = {n: v for n, v in sent["prompt"]["3"]["inputs"].items() if n != "model"}
+    return comfy_errors(NODES["DGemmaDecide"], inputs, linked=("model",))
+
+
+@pytest.mark.parametrize("options,says,lora", [
+    ("red\n" + "seven " * 40, "over the canvas of 32 positions", False),
+    ("red\n" + "seven " * 40, "over the canvas of 32 positions", True),
+    ("red green\nred\u2581green", "are the same tokens for this model", False)])
+def test_decide_options_against_the_canvas_are_refused_when_queued(no_weights, options, says, lora):
+    graph = decide_graph(options, lora=lora)
+    errors = queued_errors(graph)
+    said = graph["3"]["inputs"][queue_check.QUEUED_CHECK]
+    assert says in said and said.startswith("option")
+    # ComfyUI lists a VALIDATE_INPUTS refusal under each constant input the check names: one refusal, one text
+    assert {kind for _, kind in errors} == {"custom_validation_failed"}
+    assert {"options", queue_check.QUEUED_CHECK} <= {name for name, _ in errors}
+    assert NODES["DGemmaDecide"].VALIDATE_INPUTS(options=options, queued_check=said) == said
+
+
+def test_a_gguf_checkpoint_is_checked_from_its_metadata(no_weights, tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    shutil.copy(Path(__file__).parent / "fixtures" / "gguf" / "demo-Q8_0.gguf", tmp_path / "demo.gguf")
+    monkeypatch.setenv("DGEMMA_MODELS_DIR", str(tmp_path))
+    graph = decide_graph("red\n" + "seven " * 40, model="demo.gguf")
+    queue_check.check_prompt(graph)
+    assert "over the canvas of 32 positions" in graph["3"]["inputs"][queue_check.QUEUED_CHECK]
+
+
+LONG = "red\n" + "seven " * 40
+
+
+@pytest.mark.parametrize("options,change", [
+    ("red\ngreen", lambda g: None),  # options that fit
+    (LONG, lambda g: g["3"]["inputs"].update(options=["9", 0])),  # linked: checked when the node runs
+    (LONG, lambda g: g["1"]["inputs"].update(model="no-such-model")),  # the Loader refuses it when it runs
+    (LONG, lambda g: g["1"]["inputs"].update(model=HUB_IDS[0])),  # a hub id: not read before it downloads
+    (LONG, lambda g: g["1"].update(class_type="DGemmaRemoteLoader", inputs={"url": "http://127.0.0.1:9"})),
+    (LONG, lambda g: g["3"]["inputs"].update(model=["3", 0]))])  # a cycle: ComfyUI refuses it itself
+def test_a_prompt_that_fits_or_that_the_check_cannot_resolve_is_unchanged(no_weights, options, change):
+    graph = decide_graph(options)
+    change(graph)
+    before = copy.deepcopy(graph)
+    queue_check.on_prompt({"prompt": graph})
+    assert graph == before

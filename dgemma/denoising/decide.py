@@ -80,7 +80,8 @@ def end_id(dm) -> int:
 
 
 def option_ids(dm, options) -> list[tuple[int, ...]]:
-    """Each option's tokens, refused when it and the end of the turn do not fit on one canvas."""
+    """Each option's tokens, refused when it and the end of the turn do not fit on one canvas. `dm` needs only
+    `tokenizer` and `canvas_length`: a loaded model, or a checkpoint's TokenCanvas when the graph is queued."""
     out: dict[tuple[int, ...], str] = {}
     for option in options:
         ids = tuple(literal_ids(dm.tokenizer, option))
