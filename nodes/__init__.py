@@ -35,7 +35,7 @@ NODE_CLASS_MAPPINGS = {
 # every queued prompt says which of these nodes' frames and images it reads (nodes/wiring.py)
 ON_DEMAND_CLASSES = {name: cls for name, cls in NODE_CLASS_MAPPINGS.items() if getattr(cls, "ON_DEMAND", ())}
 host.on_prompt(wiring.on_prompt(ON_DEMAND_CLASSES))
-host.on_prompt(queue_check.on_prompt)  # the Decide options against the model's canvas, before it loads
+host.on_prompt(queue_check.on_prompt(NODE_CLASS_MAPPINGS))  # each node's queue-time rules, listed once
 
 # What each node is, short enough not to wrap in the node library; the category names the pack.
 NODE_DISPLAY_NAME_MAPPINGS = {

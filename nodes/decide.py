@@ -22,7 +22,7 @@ from ..dgemma.readings import percent
 from ..dgemma.readouts.decide_pictures import chart, trace_lines
 from . import host, memory
 from .events import DONE, START, STEP, StepStream
-from .queue_check import QUEUED_CHECK, QUEUED_CHECK_TYPE
+from .queue_check import HIDDEN, QueueChecked
 from .schema import (
     CANVAS_STATE,
     CANVAS_TRACE,
@@ -35,6 +35,7 @@ from .schema import (
     knob_inputs,
     model_input,
     output_spec,
+    refusal,
     validate_knobs,
 )
 
@@ -79,7 +80,7 @@ SAMPLES_TOOLTIP = (f"Noise draws N (1 to {MAX_SAMPLES}): each option's probabili
                    "single-token options.")
 
 
-class DGemmaDecide:
+class DGemmaDecide(QueueChecked):
     CATEGORY = CATEGORY
     FUNCTION = "decide"
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS, OUTPUT_IS_LIST = output_spec(DECIDE_OUTPUTS)
@@ -102,26 +103,22 @@ class DGemmaDecide:
                                              "tooltip": SAMPLES_TOOLTIP}),
                          **knob_inputs(DECIDE_KNOBS)},
             "optional": {"image": image_input(), "kv_cache": context_input()},
-            "hidden": {"unique_id": "UNIQUE_ID", QUEUED_CHECK: QUEUED_CHECK_TYPE},
+            "hidden": {"unique_id": "UNIQUE_ID", **HIDDEN},
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, options=None, t_min=None, t_max=None, entropy_bound=None, queued_check=None):
-        """The options (empty, blank, repeated, too many, too long) and the knob rules ComfyUI cannot check,
-        when the graph is queued: before the Loader loads a model. Their tokens against the canvas need the
-        tokenizer: `queued_check` holds that refusal when the queue's handler could read it (queue_check.py);
-        otherwise the node checks them when it runs, before any model work."""
-        if isinstance(queued_check, str) and queued_check:
-            return queued_check
-        if options is not None:
+    def queue_refusal(cls, inputs: dict) -> str | None:
+        """The options (empty, blank, repeated, too many, too long) and the knob rules ComfyUI cannot check, when
+        the graph is queued: before the Loader loads a model. The queue's handler then checks the options' tokens
+        against the canvas where it can read the tokenizer (queue_check.py); the node checks them when it runs."""
+        if inputs.get("options") is not None:
             try:
-                check_options(options_from_text(options))
+                check_options(options_from_text(inputs["options"]))
             except InputError as err:
                 return str(err)
-        return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
+        return refusal(validate_knobs(inputs))
 
-    def decide(self, model, prompt, options, samples, image=None, kv_cache=None, unique_id=None, queued_check=None,
-               **knobs):
+    def decide(self, model, prompt, options, samples, image=None, kv_cache=None, unique_id=None, **knobs):
         missing = [name for name in DECIDE_KNOBS if name not in knobs]
         if missing:
             raise InputError(missing[0], f"{missing[0]} is missing; wire or set it (default "

@@ -6,10 +6,11 @@ from ..dgemma.backend import backend_of
 from ..dgemma.errors import InputError
 from ..dgemma.inputs.tokens import check_text
 from . import host, memory
+from .queue_check import HIDDEN, QueueChecked
 from .schema import CATEGORY, KV_CACHE, comfy_hints, model_input
 
 
-class DGemmaEncode:
+class DGemmaEncode(QueueChecked):
     CATEGORY = CATEGORY
     FUNCTION = "encode"
     RETURN_TYPES = (KV_CACHE,)
@@ -33,18 +34,18 @@ class DGemmaEncode:
                                                             "changed, a new one is returned."}),
                          "image": ("IMAGE", {"tooltip": "Optional picture(s) encoded as context before the "
                                                         "text, with no chat framing; text may then be empty."})},
-            "hidden": {"unique_id": "UNIQUE_ID"},
+            "hidden": {"unique_id": "UNIQUE_ID", **HIDDEN},
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, text=None):
+    def queue_refusal(cls, inputs: dict) -> str | None:
         """The text's type and Unicode when the graph is queued; its length in tokens needs the model."""
         try:
-            if text is not None:
-                check_text("text", text)
+            if inputs.get("text") is not None:
+                check_text("text", inputs["text"])
         except InputError as err:
             return str(err)
-        return True
+        return None
 
     def encode(self, model, text, kv_cache=None, image=None, unique_id=None):
         with memory.running(model, unique_id), comfy_hints():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..dgemma.errors import InputError
+from .queue_check import HIDDEN, QueueChecked
 from .schema import CATEGORY, widget_values
 
 FORMATS = ("separator", "json", "numbered")
@@ -54,7 +55,7 @@ def check_separator(separator) -> None:
                                       f"{MAX_SEPARATOR}; shorten it")
 
 
-class DGemmaJoinTexts:
+class DGemmaJoinTexts(QueueChecked):
     CATEGORY = CATEGORY
     FUNCTION = "join"
     INPUT_IS_LIST = True
@@ -74,19 +75,19 @@ class DGemmaJoinTexts:
                                        "its newlines made spaces."}),
             "separator": ("STRING", {"default": SEPARATOR, "tooltip": "Between two texts when format is "
                                      "separator; \\n is a newline."}),
-        }}
+        }, "hidden": HIDDEN}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, format=None, separator=None):
-        """The separator and format, when the graph is queued; linked ones are checked when the node runs."""
+    def queue_refusal(cls, inputs: dict) -> str | None:
+        """The separator when the graph is queued (ComfyUI checks the format, a choice); a linked one is checked
+        when the node runs. A list node's constant comes as a list when the node runs, as one value here."""
         try:
-            for value in widget_values(separator):
+            for value in widget_values(inputs.get("separator")):
                 if value is not None:
                     check_separator(value)
         except InputError as err:
             return str(err)
-        forms = [f for f in widget_values(format) if f is not None and f not in FORMATS]
-        return f"format must be one of {', '.join(FORMATS)}, got {str(forms[0])[:40]!r}" if forms else True
+        return None
 
     def join(self, text, format=None, separator=None):
         texts = text if isinstance(text, list) else [text]

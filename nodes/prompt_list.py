@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..dgemma.errors import InputError
+from .queue_check import HIDDEN, QueueChecked
 from .schema import CATEGORY, MAX_LIST
 
 MAX_CHARS = 4 * 2**20  # characters of the whole list: 10,000 prompts of a few hundred characters
@@ -23,7 +24,7 @@ def split_prompts(text: str) -> list[str]:
     return prompts
 
 
-class DGemmaPromptList:
+class DGemmaPromptList(QueueChecked):
     CATEGORY = CATEGORY
     FUNCTION = "split"
     RETURN_TYPES = ("STRING",)
@@ -39,18 +40,19 @@ class DGemmaPromptList:
     def INPUT_TYPES(cls):
         return {"required": {"prompts": ("STRING", {"multiline": True, "default": "What is 2+2?\nName a colour.",
                                                     "tooltip": "One prompt per line (text); empty lines are "
-                                                               "skipped, \\n is a newline inside a prompt."})}}
+                                                               "skipped, \\n is a newline inside a prompt."})},
+                "hidden": HIDDEN}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, prompts):
-        """The lines, when the graph is queued; linked text (None here) is checked when the node runs."""
-        if prompts is None:
-            return True
+    def queue_refusal(cls, inputs: dict) -> str | None:
+        """The lines, when the graph is queued; linked text (absent here) is checked when the node runs."""
+        if inputs.get("prompts") is None:
+            return None
         try:
-            split_prompts(prompts)
+            split_prompts(inputs["prompts"])
         except InputError as err:
             return str(err)
-        return True
+        return None
 
     def split(self, prompts):
         return (split_prompts(prompts),)

@@ -1,12 +1,16 @@
-"""The Decide options' length in tokens, checked when the graph is queued, before the Loader loads a model.
+"""The pack's queue-time rules, run once per queued prompt before ComfyUI validates it.
 
-ComfyUI passes every queued prompt through the pack's on-prompt handler before it validates it (the headless
-runner does the same). For each DGemmaDecide whose options are a constant and whose model comes from a
+ComfyUI lists a VALIDATE_INPUTS refusal under every input the check names, so a rule naming three inputs
+was shown three times. Instead the on-prompt handler (ComfyUI's server calls it with every posted prompt;
+the headless runner too) runs each pack node's `queue_refusal` over its constant inputs, as ComfyUI would
+hand them over, and writes the first refusal into the node's hidden input QUEUED_CHECK. The node's
+VALIDATE_INPUTS names only that input, so the refusal is listed once, and ComfyUI keeps its own type,
+range and choice checks on every other input. A linked input is checked when the node runs.
+
+Decide's options are also checked against its model's canvas here: where its model comes from a
 DGemmaLoader with a constant local checkpoint (through any LoRA loaders, which keep the tokenizer), the
-checkpoint's tokenizer and canvas length are read (no weights) and the options are checked as the node checks
-them when it runs. A refusal is written into the node's hidden input QUEUED_CHECK, which its VALIDATE_INPUTS
-returns. Anything not resolved here (linked options, a remote or hub model, an unreadable tokenizer) leaves
-the prompt as it was: the node's own check when it runs still applies.
+checkpoint's tokenizer and canvas length are read (no weights). Anything not resolved (a remote or hub
+model, an unreadable tokenizer) is left to the node's own check when it runs.
 """
 
 from __future__ import annotations
@@ -17,13 +21,63 @@ from ..dgemma.denoising.decide import check_options, option_ids, options_from_te
 from ..dgemma.errors import InputError
 from ..dgemma.loading.token_canvas import token_canvas
 from .loader import HUB_IDS, model_choices, resolve_choice
+from .schema import widget_values
 from .wiring import is_link
 
 QUEUED_CHECK = "queued_check"
 QUEUED_CHECK_TYPE = "DGEMMA_QUEUED_CHECK"
+HIDDEN = {QUEUED_CHECK: QUEUED_CHECK_TYPE}  # a node declares it among its hidden inputs
 ADAPTERS = ("DGemmaLoraLoader",)  # model -> model nodes that keep the tokenizer
+CONVERT = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}  # ComfyUI's conversion of constants
 
 log = logging.getLogger("dgemma")
+
+
+class QueueChecked:
+    """A node whose queue-time rules the handler runs: it declares HIDDEN and overrides `queue_refusal`."""
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, queued_check=None):
+        """The handler's refusal, or True: the only input named here, so ComfyUI lists a refusal once."""
+        for text in widget_values(queued_check):  # a list node gets it as a list
+            if isinstance(text, str) and text:
+                return text
+        return True
+
+    @classmethod
+    def queue_refusal(cls, inputs: dict) -> str | None:
+        """The first rule refused for these constant inputs (name -> value, a linked one absent), or None."""
+        return None
+
+
+def comfy_value(spec: tuple, value):
+    """(True, value) as ComfyUI hands a constant to VALIDATE_INPUTS, or (False, None) where ComfyUI refuses
+    it itself (type, min/max, choice): that input is then refused once, by ComfyUI, and not here."""
+    kind, options = spec[0], (spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {})
+    if isinstance(value, dict) and "__value__" in value:
+        value = value["__value__"]
+    try:
+        value = CONVERT[kind](value) if isinstance(kind, str) and kind in CONVERT else value
+        if "min" in options and value < options["min"] or "max" in options and value > options["max"]:
+            return False, None
+    except (TypeError, ValueError, OverflowError):
+        return False, None
+    if isinstance(kind, list) and value not in kind:
+        return False, None
+    return True, value
+
+
+def constants(cls, inputs: dict) -> dict:
+    """The node's declared constant inputs as its checks get them; a linked (list) value is left out."""
+    spec = cls.INPUT_TYPES()
+    declared = {**spec.get("required", {}), **spec.get("optional", {})}
+    found = {}
+    for name, value in inputs.items():
+        if name in declared and not isinstance(value, list):
+            kept, value = comfy_value(declared[name], value)
+            if kept:
+                found[name] = value
+    return found
 
 
 def checkpoint_of(graph: dict, link) -> str | None:
@@ -47,16 +101,14 @@ def checkpoint_of(graph: dict, link) -> str | None:
     return None
 
 
-def refusal(graph: dict, node: dict) -> str | None:
-    """The Decide node's options refused against its model's canvas, or None (fitting, or not known here)."""
-    inputs = node["inputs"]
-    text = inputs.get("options")
+def canvas_refusal(graph: dict, inputs: dict, text) -> str | None:
+    """A Decide node's options (`text`) refused against its model's canvas, or None (fitting, or not known here)."""
     if not isinstance(text, str):
         return None
     try:
         options = check_options(options_from_text(text))
     except InputError:
-        return None  # VALIDATE_INPUTS refuses these already, without a tokenizer
+        return None  # refused by the node's own rules, without a tokenizer
     path = checkpoint_of(graph, inputs.get("model"))
     if path is None:
         return None
@@ -67,26 +119,44 @@ def refusal(graph: dict, node: dict) -> str | None:
     return None
 
 
-def check_prompt(graph) -> None:
-    """Write, in place, each Decide node's refusal into its QUEUED_CHECK input (and drop one sent in)."""
+def node_refusal(graph: dict, node_id, cls, inputs: dict) -> str | None:
+    """The first of one node's queue-time rules its constant inputs break, then (Decide) its canvas check."""
+    try:
+        values = constants(cls, inputs)
+        said = cls.queue_refusal(values)
+    except Exception as err:  # a rule that fails to run refuses, as a VALIDATE_INPUTS raising did
+        log.warning("DiffusionGemma: node %s's inputs could not be checked when queued", node_id, exc_info=True)
+        return f"the inputs could not be checked when queued: {err}"
+    if said is not None or cls.__name__ != "DGemmaDecide":
+        return said
+    try:
+        return canvas_refusal(graph, inputs, values.get("options"))
+    except Exception as err:  # unresolved here: the node checks when it runs
+        log.debug("DiffusionGemma: node %s's options not checked when queued: %s", node_id, err)
+        return None
+
+
+def check_prompt(graph, classes: dict) -> None:
+    """Write, in place, each pack node's refusal into its QUEUED_CHECK input, and drop one a client sent.
+    `classes`: class_type -> node class; those with `queue_refusal` are checked."""
     if not isinstance(graph, dict):
         return
     for node_id, node in graph.items():
-        if not isinstance(node, dict) or node.get("class_type") != "DGemmaDecide" or \
-                not isinstance(node.get("inputs"), dict):
+        kind = node.get("class_type") if isinstance(node, dict) else None
+        cls = classes.get(kind) if isinstance(kind, str) else None
+        if not hasattr(cls, "queue_refusal") or not isinstance(node.get("inputs"), dict):
             continue
         node["inputs"].pop(QUEUED_CHECK, None)
-        try:
-            said = refusal(graph, node)
-        except Exception as err:  # unresolved here: the node checks when it runs
-            log.debug("DiffusionGemma: node %s's options not checked when queued: %s", node_id, err)
-            continue
-        if said is not None:
+        said = node_refusal(graph, node_id, cls, node["inputs"])
+        if said:
             node["inputs"][QUEUED_CHECK] = said
 
 
-def on_prompt(json_data):
-    """ComfyUI's on-prompt handler: checks the queued prompt's Decide options and hands it on."""
-    if isinstance(json_data, dict):
-        check_prompt(json_data.get("prompt"))
-    return json_data
+def on_prompt(classes: dict):
+    """ComfyUI's on-prompt handler: checks the queued prompt's pack nodes and hands it on."""
+    def handler(json_data):
+        if isinstance(json_data, dict):
+            check_prompt(json_data.get("prompt"), classes)
+        return json_data
+
+    return handler

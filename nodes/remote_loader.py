@@ -7,6 +7,7 @@ from ..remote.access import checked_url, token_of
 from ..remote.connect import connect
 from ..remote.dialects import carried
 from . import host
+from .queue_check import HIDDEN, QueueChecked
 from .schema import CATEGORY, MODEL
 
 URL_TOOLTIP = "Base URL of the server, e.g. http://127.0.0.1:8190 (no /v1)."
@@ -18,7 +19,7 @@ TOKEN_TOOLTIP = ("Name of an environment variable (of the ComfyUI process) holdi
 MODEL_TOOLTIP = "The served model's id from /v1/models; empty takes the first one listed."
 
 
-class DGemmaRemoteLoader:
+class DGemmaRemoteLoader(QueueChecked):
     CATEGORY = CATEGORY
     FUNCTION = "load"
     RETURN_TYPES = (MODEL, "STRING")
@@ -36,11 +37,13 @@ class DGemmaRemoteLoader:
             "required": {"url": ("STRING", {"default": "http://127.0.0.1:8190", "tooltip": URL_TOOLTIP})},
             "optional": {"token_env": ("STRING", {"default": "", "tooltip": TOKEN_TOOLTIP}),
                          "model_id": ("STRING", {"default": "", "tooltip": MODEL_TOOLTIP})},
+            "hidden": HIDDEN,
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, url=None, token_env=None):
+    def queue_refusal(cls, inputs: dict) -> str | None:
         """The URL's shape and the token's variable, when the graph is queued: no traffic, no secret shown."""
+        url, token_env = inputs.get("url"), inputs.get("token_env")
         try:
             if isinstance(token_env, str) and (url is None or isinstance(url, str)):
                 token = token_of(token_env.strip())
@@ -50,7 +53,7 @@ class DGemmaRemoteLoader:
                 checked_url(url.strip().rstrip("/"))
         except InputError as err:
             return str(err)
-        return True
+        return None
 
     @classmethod
     def IS_CHANGED(cls, url, token_env="", model_id=""):

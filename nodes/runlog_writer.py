@@ -6,10 +6,11 @@ from ..dgemma.paths import shown_path
 from ..dgemma.readouts.outfiles import target_folder
 from ..dgemma.readouts.runlog import records, write_jsonl
 from . import host
+from .queue_check import HIDDEN, QueueChecked
 from .schema import CANVAS_STATE, CANVAS_TRACE, CATEGORY, RUN_CONFIG, comfy_hints, widget_values
 
 
-class DGemmaRunLogWriter:
+class DGemmaRunLogWriter(QueueChecked):
     CATEGORY = CATEGORY
     FUNCTION = "write"
     OUTPUT_NODE = True
@@ -32,19 +33,20 @@ class DGemmaRunLogWriter:
                 "filename_prefix": ("STRING", {"default": "dgemma_run_log", "tooltip":
                                     "File name prefix inside the output folder; 'sub/name' makes a subfolder."}),
             },
+            "hidden": HIDDEN,
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, filename_prefix=None):
-        """Refuse a bad prefix before anything runs (ComfyUI calls this while validating the prompt)."""
-        for prefix in widget_values(filename_prefix):
+    def queue_refusal(cls, inputs: dict) -> str | None:
+        """A bad prefix, refused when the graph is queued, before anything runs."""
+        for prefix in widget_values(inputs.get("filename_prefix")):
             if prefix is None:  # linked: checked when the node runs
                 continue
             try:
                 target_folder(host.output_dir(), prefix)
             except ValueError as err:
                 return str(err)
-        return True
+        return None
 
     def write(self, canvas_trace, run_config, frames, canvas_state, filename_prefix):
         with comfy_hints():

@@ -12,6 +12,7 @@ from ..dgemma.inputs.vision import thumbnail, to_uint8
 from ..dgemma.readouts.images import Asked, render_images
 from . import host, memory
 from .events import DONE, START, STEP, BatchStream
+from .queue_check import HIDDEN, QueueChecked
 from .schema import (
     CANVAS_STATE,
     CANVAS_TRACE,
@@ -31,6 +32,7 @@ from .schema import (
     naming_item,
     on_demand,
     output_spec,
+    refusal,
     validate_constraints,
     validate_knobs,
 )
@@ -243,7 +245,13 @@ def run_list(node, unique_id, inputs: dict) -> tuple:
                  for k, listed in enumerate(node.ITEM_OUTPUT_IS_LIST))
 
 
-class DGemmaSampler:
+def constraint_and_knobs(inputs: dict) -> str | None:
+    """The constraint widgets' refusal (JSON, regex, NUL, $ref), else the knob rules'; None when both pass."""
+    return refusal(validate_constraints(inputs.get("constraint_type"), inputs.get("constraint"))) or \
+        refusal(validate_knobs(inputs))
+
+
+class DGemmaSampler(QueueChecked):
     CATEGORY = CATEGORY
     FUNCTION = "sample"
     INPUT_IS_LIST = True  # a list of prompts (or of any input) runs as one batch
@@ -265,14 +273,14 @@ class DGemmaSampler:
                          "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": PROMPT_TOOLTIP}),
                          **knob_inputs()},
             "optional": {"image": image_input(), "max_batch": MAX_BATCH},
-            "hidden": {"unique_id": "UNIQUE_ID", "graph": "PROMPT"},
+            "hidden": {"unique_id": "UNIQUE_ID", "graph": "PROMPT", **HIDDEN},
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, t_min=None, t_max=None, entropy_bound=None):
+    def queue_refusal(cls, inputs: dict) -> str | None:
         """The knob rules ComfyUI cannot check (t_min <= t_max, t_max and entropy_bound above 0, NaN), when the
-        graph is queued: before the Loader loads a model. ComfyUI lists a refusal under each input named here."""
-        return validate_knobs({"t_min": t_min, "t_max": t_max, "entropy_bound": entropy_bound})
+        graph is queued: before the Loader loads a model."""
+        return refusal(validate_knobs(inputs))
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -311,11 +319,9 @@ class DGemmaDenoise(DGemmaSampler):
         return spec
 
     @classmethod
-    def VALIDATE_INPUTS(cls, t_min=None, t_max=None, entropy_bound=None, constraint_type=None, constraint=None):
-        """The Sampler's queue-time checks, and the constraint's (JSON, regex, NUL, $ref) before any model loads."""
-        said = validate_constraints(constraint_type, constraint)
-        return said if said is not True else validate_knobs({"t_min": t_min, "t_max": t_max,
-                                                             "entropy_bound": entropy_bound})
+    def queue_refusal(cls, inputs: dict) -> str | None:
+        """The Sampler's queue-time rules, and the constraint's, before any model loads."""
+        return constraint_and_knobs(inputs)
 
     def denoise(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)

@@ -7,7 +7,16 @@ from ..dgemma.errors import InputError
 from ..dgemma.inputs.pins import check_shape
 from ..dgemma.payloads import CanvasState
 from ..dgemma.steps.schedulers import SCHEDULER_KNOBS, SCHEDULERS, Scheduling, applies, default, scheduler_tooltip
-from .sampler import MAX_BATCH, SAMPLER_OUTPUTS, TURN_TOOLTIP, Call, DGemmaSampler, check_call, run_list
+from .sampler import (
+    MAX_BATCH,
+    SAMPLER_OUTPUTS,
+    TURN_TOOLTIP,
+    Call,
+    DGemmaSampler,
+    check_call,
+    constraint_and_knobs,
+    run_list,
+)
 from .schema import (
     CANVAS_STATE,
     RESUME_HINTS,
@@ -17,8 +26,6 @@ from .schema import (
     context_input,
     image_input,
     knob_inputs,
-    validate_constraints,
-    validate_knobs,
     widget_values,
 )
 
@@ -76,20 +83,16 @@ class DGemmaSamplerAdvanced(DGemmaSampler):
         return spec
 
     @classmethod
-    def VALIDATE_INPUTS(cls, pins=None, t_min=None, t_max=None, entropy_bound=None, constraint_type=None,
-                        constraint=None):
-        """The pins' shape and the knob rules ComfyUI cannot check, before any node of the prompt runs. ComfyUI
-        keeps its own range and choice checks for every input not named here (the window is checked at run
-        start); a linked input is checked when the node runs."""
+    def queue_refusal(cls, inputs: dict) -> str | None:
+        """The pins' shape, the constraint and the knob rules ComfyUI cannot check, before any node of the prompt
+        runs (the window is checked at run start)."""
         try:
-            for text in widget_values(pins):
+            for text in widget_values(inputs.get("pins")):
                 if text is not None:
                     check_shape(text)
         except InputError as err:
             return str(err)
-        said = validate_constraints(constraint_type, constraint)
-        return said if said is not True else validate_knobs({"t_min": t_min, "t_max": t_max,
-                                                             "entropy_bound": entropy_bound})
+        return constraint_and_knobs(inputs)
 
     def sample_advanced(self, unique_id=None, **inputs):
         return run_list(self, unique_id, inputs)

@@ -47,11 +47,11 @@ QUEUE_KNOBS = tuple(NEUTRAL)  # the knobs a sampler's VALIDATE_INPUTS names: rul
 
 
 def validate_knobs(values: dict):
-    """The engine's checks on the knob widgets ComfyUI has when the graph is queued, before any model loads:
-    ranges, NaN, t_min <= t_max, t_max and entropy_bound above 0. True, or the refusal's text.
+    """The knob rules ComfyUI cannot check when the graph is queued, before any model loads: NaN (it passes
+    ComfyUI's min/max), t_min <= t_max, t_max and entropy_bound above 0. True, or the refusal's text.
 
-    ComfyUI skips its own range check for an input a VALIDATE_INPUTS names, so the range is checked here too;
-    a linked knob is checked when the node runs.
+    `values` holds what ComfyUI accepted (queue_check.constants): a knob it refuses itself, out of range, is
+    absent here, as a linked one is, and stands in neutrally for its partners' rules, so it is refused once.
     """
     lists = {name: widget_values(values.get(name)) for name in QUEUE_KNOBS}
     count = max(len(v) for v in lists.values())
@@ -161,6 +161,11 @@ def constraint_inputs() -> dict:
 
     return {"constraint_type": (list(KINDS), {"default": KINDS[0], "tooltip": CONSTRAINT_TYPE_TOOLTIP}),
             "constraint": ("STRING", {"multiline": True, "default": "", "tooltip": CONSTRAINT_TOOLTIP})}
+
+
+def refusal(verdict) -> str | None:
+    """A check's True-or-text verdict as a refusal: None when it passed."""
+    return None if verdict is True else verdict
 
 
 def validate_constraints(kinds, texts):

@@ -12,10 +12,11 @@ CLASSES = {**NODE_CLASS_MAPPINGS, **CORE_NODES}
 
 
 def hidden_values(cls, node_id: str, graph: dict) -> dict:
-    """The hidden inputs a node declares, filled as ComfyUI fills them."""
+    """The hidden inputs a node declares, filled as ComfyUI fills them; one of another type (a queued check)
+    reaches the node only from the graph, as ComfyUI passes it only when the prompt holds it."""
     hidden = cls.INPUT_TYPES().get("hidden", {})
     known = {"UNIQUE_ID": node_id, "PROMPT": graph, "EXTRA_PNGINFO": None, "DYNPROMPT": None}
-    return {name: known.get(kind) for name, kind in hidden.items()}
+    return {name: known[kind] for name, kind in hidden.items() if kind in known}
 
 
 def call_node(cls, inputs: dict, hidden: dict | None = None) -> tuple[tuple, dict | None]:
@@ -48,7 +49,7 @@ def run_graph(graph: dict) -> dict:
     """Execute the output nodes of `graph` and their ancestors; returns {node id: ui dict}. The graph is
     checked and stamped as ComfyUI's server handles a queued prompt (nodes/queue_check.py, nodes/wiring.py)."""
     graph = copy.deepcopy(graph)
-    queue_check.check_prompt(graph)
+    queue_check.check_prompt(graph, CLASSES)
     check_graph(graph, CLASSES)
     wiring.stamp(graph, ON_DEMAND_CLASSES)
     with memory.reporting_node_ends():

@@ -103,7 +103,7 @@ def test_a_bad_item_is_refused_by_its_index_before_any_work(tmp_path, demo_model
             call(Advanced, model=demo_model, prompt="Hi", pins="", scheduler="entropy_bound",
                  start_step=[0, 5], end_step=[1024, 5], **KNOBS)
     assert comfy.events == []
-    assert Advanced.VALIDATE_INPUTS(pins=["ok ___", "1: a\n1: b"]) != True  # noqa: E712
+    assert Advanced.queue_refusal({"pins": ["ok ___", "1: a\n1: b"]}) is not None
 
 
 def test_interrupt_stops_the_whole_list_within_one_step(tmp_path, demo_model):

@@ -1,4 +1,4 @@
-"""Every constant checked when the graph is queued (VALIDATE_INPUTS, before any model loads), every list and
+"""Every constant checked when the graph is queued (the on-prompt handler, before any model loads), every list and
 string the pack builds bounded by name, and a linked INT range-checked at run time as its widget is."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from executor import call
-from test_comfy_validation import KNOB_VALUES, comfy_errors
+from test_comfy_validation import CUSTOM, KNOB_VALUES, comfy_errors, queued_refusal
 
 from diffusiongemma import NODE_CLASS_MAPPINGS as NODES
 from diffusiongemma.dgemma.demo import DEMO_LORA_NAME, DEMO_NAME
@@ -29,10 +29,12 @@ DECIDE = {"prompt": "What colour?", "options": "red\ngreen", "samples": 8, **{
     ("x" * 1001, "option 1 is 1001 characters, over 1000")])
 def test_decide_options_are_refused_when_queued_before_any_model_loads(options, says):
     cls = NODES["DGemmaDecide"]
-    assert ("options", "custom_validation_failed") in comfy_errors(cls, {**DECIDE, "options": options})
-    assert says in cls.VALIDATE_INPUTS(options=options)
-    assert cls.VALIDATE_INPUTS(options=None) is True and cls.VALIDATE_INPUTS(options="red\ngreen") is True
-    assert "t_min must not exceed t_max" in cls.VALIDATE_INPUTS(options="a\nb", t_min=0.9, t_max=0.5)
+    assert comfy_errors(cls, {**DECIDE, "options": options}, linked=("model",)) == [(queue_check.QUEUED_CHECK, CUSTOM)]
+    assert says in queued_refusal(cls, {**DECIDE, "options": options}, linked=("model",))
+    assert queued_refusal(cls, DECIDE, linked=("model", "options")) is None
+    assert queued_refusal(cls, DECIDE, linked=("model",)) is None
+    said = queued_refusal(cls, {**DECIDE, "options": "a\nb", "t_min": 0.9, "t_max": 0.5}, linked=("model",))
+    assert "t_min must not exceed t_max" in said
 
 
 def test_decide_option_longer_than_the_canvas_is_refused_before_model_work(demo_model, no_model_work):
@@ -47,22 +49,25 @@ def test_decide_option_longer_than_the_canvas_is_refused_before_model_work(demo_
     ({"url": "http://127.0.0.1:9", "token_env": "HF_TOKEN"}, "not a variable this loader may read")])
 def test_the_remote_loaders_url_and_token_env_are_refused_when_queued(inputs, says):
     cls = NODES["DGemmaRemoteLoader"]
-    said = cls.VALIDATE_INPUTS(**{"token_env": "", **inputs})
-    assert said is not True and says in said and "abcdef123" not in said and "pw@" not in said
-    assert cls.VALIDATE_INPUTS(url="http://127.0.0.1:8190", token_env="") is True
-    assert cls.VALIDATE_INPUTS(url=None, token_env=None) is True
+    said = queued_refusal(cls, {"token_env": "", **inputs})
+    assert said is not None and says in said and "abcdef123" not in said and "pw@" not in said
+    assert queued_refusal(cls, {"url": "http://127.0.0.1:8190", "token_env": ""}) is None
+    assert queued_refusal(cls, {}, linked=("url", "token_env")) is None
 
 
 def test_encode_text_is_checked_when_queued():
-    assert "lone surrogate" in NODES["DGemmaEncode"].VALIDATE_INPUTS(text="a\ud800")
-    assert NODES["DGemmaEncode"].VALIDATE_INPUTS(text=None) is True
+    assert "lone surrogate" in queued_refusal(NODES["DGemmaEncode"], {"text": "a\ud800"}, linked=("model",))
+    assert queued_refusal(NODES["DGemmaEncode"], {}, linked=("model", "text")) is None
 
 
 def test_join_texts_bounds_items_separator_and_the_joined_size_before_building():
     cls, join = NODES["DGemmaJoinTexts"], NODES["DGemmaJoinTexts"]().join
-    assert f"over the limit of {MAX_SEPARATOR}" in cls.VALIDATE_INPUTS(format=["separator"], separator=["x" * 10**6])
-    assert "format must be one of" in cls.VALIDATE_INPUTS(format=["csv"], separator=["\\n"])
-    assert cls.VALIDATE_INPUTS(format=["separator"], separator=(None,)) is True
+    said = queued_refusal(cls, {"format": "separator", "separator": "x" * 10**6}, linked=("text",))
+    assert f"over the limit of {MAX_SEPARATOR}" in said
+    assert comfy_errors(cls, {"format": "csv", "separator": "\\n"}, linked=("text",)) == [
+        ("format", "value_not_in_list")]  # ComfyUI's own choice check, once
+    assert queued_refusal(cls, {"format": "separator"}, linked=("text", "separator")) is None
+    assert cls.queue_refusal({"separator": ["x" * 10**6]}) is not None  # a list node's value, as it runs
     with pytest.raises(InputError, match=f"separator is 1000000 characters, over the limit of {MAX_SEPARATOR}"):
         join(["a"] * 10_000, ["separator"], ["x" * 10**6])  # linked: checked at run time, before building
     with pytest.raises(InputError, match=f"over the {MAX_ITEMS} one join takes"):
@@ -74,7 +79,7 @@ def test_join_texts_bounds_items_separator_and_the_joined_size_before_building()
 
 
 def test_a_prompt_list_is_bounded_in_characters_before_it_is_split():
-    said = NODES["DGemmaPromptList"].VALIDATE_INPUTS(prompts="x" * (MAX_CHARS + 1))
+    said = queued_refusal(NODES["DGemmaPromptList"], {"prompts": "x" * (MAX_CHARS + 1)})
     assert f"over the limit of {MAX_CHARS}" in said and "prompts" in said
 
 
@@ -97,12 +102,17 @@ def test_a_json_join_counts_its_escapes_before_building():
     ("json_schema", '{"$ref": "#"}', "is recursive"), ("choice", " \n ", "choice list is empty"),
     ("grammar", "x", "constraint_type must be one of")])
 def test_a_constraint_widget_is_refused_when_queued(node, kind, text, says):
-    check = NODES[node].VALIDATE_INPUTS
-    said = check(constraint_type=[kind], constraint=[text])
-    assert said is not True and says in said, said
-    assert check(constraint_type=["regex"], constraint=["seven|eight"]) is True
-    assert check(constraint_type=["regex"], constraint=(None,)) is True  # linked: checked when the node runs
-    assert check(constraint_type=(None,), constraint=["{not json"]) is True
+    cls = NODES[node]
+    inputs = {"constraint_type": kind, "constraint": text}
+    if kind == "grammar":  # not a choice of the widget: ComfyUI's own check refuses it, once
+        assert comfy_errors(cls, inputs) == [("constraint_type", "value_not_in_list")]
+        assert says in cls.queue_refusal(inputs)
+    else:
+        said = queued_refusal(cls, inputs)
+        assert said is not None and says in said, said
+    assert queued_refusal(cls, {"constraint_type": "regex", "constraint": "seven|eight"}) is None
+    assert queued_refusal(cls, {"constraint_type": "regex"}, linked=("constraint",)) is None  # checked when it runs
+    assert queued_refusal(cls, {"constraint": "{not json"}, linked=("constraint_type",)) is None
 
 
 def decide_graph(options, model=DEMO_NAME, lora=False) -> dict:
@@ -131,9 +141,9 @@ def no_weights(monkeypatch):
 
 def queued_errors(graph: dict) -> list[tuple[str, str]]:
     """The Decide node's errors as ComfyUI reports them once the pack's on-prompt handler has run."""
-    sent = queue_check.on_prompt({"prompt": graph, "client_id": "x"})
+    sent = queue_check.on_prompt(NODES)({"prompt": graph, "client_id": "x"})
     inputs = {n: v for n, v in sent["prompt"]["3"]["inputs"].items() if n != "model"}
-    return comfy_errors(NODES["DGemmaDecide"], inputs, linked=("model",))
+    return comfy_errors(NODES["DGemmaDecide"], inputs, linked=("model",), handle=False)
 
 
 @pytest.mark.parametrize("options,says,lora", [
@@ -145,10 +155,8 @@ def test_decide_options_against_the_canvas_are_refused_when_queued(no_weights, o
     errors = queued_errors(graph)
     said = graph["3"]["inputs"][queue_check.QUEUED_CHECK]
     assert says in said and said.startswith("option")
-    # ComfyUI lists a VALIDATE_INPUTS refusal under each constant input the check names: one refusal, one text
-    assert {kind for _, kind in errors} == {"custom_validation_failed"}
-    assert {"options", queue_check.QUEUED_CHECK} <= {name for name, _ in errors}
-    assert NODES["DGemmaDecide"].VALIDATE_INPUTS(options=options, queued_check=said) == said
+    assert errors == [(queue_check.QUEUED_CHECK, CUSTOM)]  # listed once
+    assert NODES["DGemmaDecide"].VALIDATE_INPUTS(queued_check=said) == said
 
 
 def test_a_gguf_checkpoint_is_checked_from_its_metadata(no_weights, tmp_path, monkeypatch):
@@ -156,7 +164,7 @@ def test_a_gguf_checkpoint_is_checked_from_its_metadata(no_weights, tmp_path, mo
     shutil.copy(Path(__file__).parent / "fixtures" / "gguf" / "demo-Q8_0.gguf", tmp_path / "demo.gguf")
     monkeypatch.setenv("DGEMMA_MODELS_DIR", str(tmp_path))
     graph = decide_graph("red\n" + "seven " * 40, model="demo.gguf")
-    queue_check.check_prompt(graph)
+    queue_check.check_prompt(graph, NODES)
     assert "over the canvas of 32 positions" in graph["3"]["inputs"][queue_check.QUEUED_CHECK]
 
 
@@ -174,5 +182,5 @@ def test_a_prompt_that_fits_or_that_the_check_cannot_resolve_is_unchanged(no_wei
     graph = decide_graph(options)
     change(graph)
     before = copy.deepcopy(graph)
-    queue_check.on_prompt({"prompt": graph})
+    queue_check.on_prompt(NODES)({"prompt": graph})
     assert graph == before

@@ -140,7 +140,7 @@ def test_a_lone_surrogate_in_pins_is_named(demo_model, no_model_work):
 ])
 def test_pins_past_any_answer_or_not_one_text_are_named(demo_model, no_model_work, pins, says):
     refused(["pins", says], lambda: generate(demo_model, "hi", Knobs(), advanced=Advanced(pins=pins)))
-    assert says in NODES["DGemmaSamplerAdvanced"].VALIDATE_INPUTS(pins=[pins])
+    assert says in NODES["DGemmaSamplerAdvanced"].queue_refusal({"pins": [pins]})
 
 
 def test_a_wide_blank_past_the_canvas_is_not_spelled_out(demo_model):
@@ -271,11 +271,11 @@ def test_headless_graphs_are_refused_before_any_node_runs(row, tmp_path, monkeyp
 
 
 def test_comfyui_validation_runs_the_same_checks():
-    """ComfyUI calls VALIDATE_INPUTS with every input, None for a linked one, before any node runs."""
+    """The pack's queue-time rules over the constant inputs (a linked one absent), before any node runs."""
     advanced, save = NODES["DGemmaSamplerAdvanced"], CORE_NODES["SaveImage"]
-    assert "pins" in advanced.VALIDATE_INPUTS(pins="1: a\n1: b")
-    assert advanced.VALIDATE_INPUTS(pins="The ___ end") is True
-    assert advanced.VALIDATE_INPUTS(pins=None) is True
+    assert "pins" in advanced.queue_refusal({"pins": "1: a\n1: b"})
+    assert advanced.queue_refusal({"pins": "The ___ end"}) is None
+    assert advanced.queue_refusal({}) is None
     assert "outside" in save.VALIDATE_INPUTS(filename_prefix="../x")
     assert save.VALIDATE_INPUTS(filename_prefix="runs/x") is True
 
