@@ -8,7 +8,7 @@ committed mask per step equal to the safetensors demo's. A file's accuracy is th
 the right number in words. The four other prompts have no right answer for the demo model (the safetensors
 demo answers them with noise), so they count in the agreement with the safetensors demo only.
 
-    python benchmarks/gguf.py [--threads 2] [--repeats 5]
+    python benchmarks/gguf.py [--threads 2] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def gguf_slice_path() -> Path:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
