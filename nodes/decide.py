@@ -22,7 +22,7 @@ from ..dgemma.readings import percent
 from ..dgemma.readouts.decide_pictures import chart, trace_lines
 from . import host, memory
 from .events import DONE, START, STEP, StepStream
-from .queue_check import HIDDEN, QueueChecked
+from .queue_check import HIDDEN, QueueChecked, canvas_refusal
 from .schema import (
     CANVAS_STATE,
     CANVAS_TRACE,
@@ -117,6 +117,11 @@ class DGemmaDecide(QueueChecked):
             except InputError as err:
                 return str(err)
         return refusal(validate_knobs(inputs))
+
+    @classmethod
+    def graph_refusal(cls, graph: dict, inputs: dict, values: dict) -> str | None:
+        """The options' tokens against the canvas of the model the graph loads, where its tokenizer can be read."""
+        return canvas_refusal(graph, inputs, values.get("options"))
 
     def decide(self, model, prompt, options, samples, image=None, kv_cache=None, unique_id=None, **knobs):
         missing = [name for name in DECIDE_KNOBS if name not in knobs]

@@ -49,6 +49,12 @@ class QueueChecked:
         """The first rule refused for these constant inputs (name -> value, a linked one absent), or None."""
         return None
 
+    @classmethod
+    def graph_refusal(cls, graph: dict, inputs: dict, values: dict) -> str | None:
+        """A rule that reads the rest of the graph (the model a link comes from), run when `queue_refusal`
+        passes; None where it passes or cannot tell (the node checks when it runs)."""
+        return None
+
 
 def comfy_value(spec: tuple, value):
     """(True, value) as ComfyUI hands a constant to VALIDATE_INPUTS, or (False, None) where ComfyUI refuses
@@ -120,17 +126,17 @@ def canvas_refusal(graph: dict, inputs: dict, text) -> str | None:
 
 
 def node_refusal(graph: dict, node_id, cls, inputs: dict) -> str | None:
-    """The first of one node's queue-time rules its constant inputs break, then (Decide) its canvas check."""
+    """The first of one node's queue-time rules its constant inputs break, then its rules over the graph."""
     try:
         values = constants(cls, inputs)
         said = cls.queue_refusal(values)
     except Exception as err:  # a rule that fails to run refuses, as a VALIDATE_INPUTS raising did
         log.warning("DiffusionGemma: node %s's inputs could not be checked when queued", node_id, exc_info=True)
         return f"the inputs could not be checked when queued: {err}"
-    if said is not None or cls.__name__ != "DGemmaDecide":
+    if said is not None:
         return said
     try:
-        return canvas_refusal(graph, inputs, values.get("options"))
+        return cls.graph_refusal(graph, inputs, values)
     except Exception as err:  # unresolved here: the node checks when it runs
         log.debug("DiffusionGemma: node %s's options not checked when queued: %s", node_id, err)
         return None
