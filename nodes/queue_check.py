@@ -1,7 +1,7 @@
 """The pack's queue-time rules, run once per queued prompt before ComfyUI validates it.
 
-ComfyUI lists a VALIDATE_INPUTS refusal under every input the check names, so a rule naming three inputs
-was shown three times. Instead the on-prompt handler (ComfyUI's server calls it with every posted prompt;
+ComfyUI lists a VALIDATE_INPUTS refusal under every input the check names, so a rule reading three inputs
+would be shown three times. Instead the on-prompt handler (ComfyUI's server calls it with every posted prompt;
 the headless runner too) runs each pack node's `queue_refusal` over its constant inputs, as ComfyUI would
 hand them over, and writes the first refusal into the node's hidden input QUEUED_CHECK. The node's
 VALIDATE_INPUTS names only that input, so the refusal is listed once, and ComfyUI keeps its own type,
