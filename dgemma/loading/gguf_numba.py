@@ -114,28 +114,25 @@ if numba is not None:
                 out[b, i + 16] = _cast(d * np.float32(high) + m, zero)
 
     @jit
-    def _q4_k(blocks, out, half, zero):
+    def _k_quant(blocks, out, half, zero, quants, fifth):
+        """Q4_K (fifth 0) or Q5_K (fifth 1: each weight's fifth bit from bytes 16..47, quants from `quants` on)."""
         for b in range(blocks.shape[0]):
             d, dmin = half[_le(blocks[b, 0], blocks[b, 1])], half[_le(blocks[b, 2], blocks[b, 3])]
             for j in range(8):
                 sc, mn = _k_scale(j, blocks[b, 4 + j % 4], blocks[b, 8 + j % 4], blocks[b, 12 + j % 4])
                 dl, ml = d * np.float32(sc), dmin * np.float32(mn)
-                shift, base = 4 * (j % 2), 16 + (j // 2) * 32
+                shift, base = 4 * (j % 2), quants + (j // 2) * 32
                 for i in range(32):
-                    q = (blocks[b, base + i] >> shift) & 15
+                    q = ((blocks[b, base + i] >> shift) & 15) | ((((blocks[b, 16 + i] >> j) & 1) * fifth) << 4)
                     out[b, j * 32 + i] = _cast(dl * np.float32(q) - ml, zero)
 
     @jit
+    def _q4_k(blocks, out, half, zero):
+        _k_quant(blocks, out, half, zero, 16, 0)
+
+    @jit
     def _q5_k(blocks, out, half, zero):
-        for b in range(blocks.shape[0]):
-            d, dmin = half[_le(blocks[b, 0], blocks[b, 1])], half[_le(blocks[b, 2], blocks[b, 3])]
-            for j in range(8):
-                sc, mn = _k_scale(j, blocks[b, 4 + j % 4], blocks[b, 8 + j % 4], blocks[b, 12 + j % 4])
-                dl, ml = d * np.float32(sc), dmin * np.float32(mn)
-                shift, base = 4 * (j % 2), 48 + (j // 2) * 32
-                for i in range(32):
-                    q = ((blocks[b, base + i] >> shift) & 15) | (((blocks[b, 16 + i] >> j) & 1) << 4)
-                    out[b, j * 32 + i] = _cast(dl * np.float32(q) - ml, zero)
+        _k_quant(blocks, out, half, zero, 48, 1)
 
     @jit
     def _q6_k(blocks, out, half, zero):
