@@ -139,6 +139,16 @@ def on_prompt(handler) -> bool:
     return True
 
 
+def prompt_handler(work):
+    """An on-prompt handler (json -> json) that runs `work(graph)` on the queued prompt's graph, in place."""
+    def handler(json_data):
+        if isinstance(json_data, dict):
+            work(json_data.get("prompt"))
+        return json_data
+
+    return handler
+
+
 def unmade(message: str):
     """What an output that was not made holds: ComfyUI's ExecutionBlocker, so a node that reads it anyway
     stops with `message` instead of taking an empty value; None outside ComfyUI."""

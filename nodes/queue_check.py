@@ -20,6 +20,7 @@ import logging
 from ..dgemma.denoising.decide import check_options, option_ids, options_from_text
 from ..dgemma.errors import InputError
 from ..dgemma.loading.token_canvas import token_canvas
+from . import host
 from .loader import HUB_IDS, model_choices, resolve_choice
 from .schema import widget_values
 from .wiring import is_link
@@ -160,9 +161,4 @@ def check_prompt(graph, classes: dict) -> None:
 
 def on_prompt(classes: dict):
     """ComfyUI's on-prompt handler: checks the queued prompt's pack nodes and hands it on."""
-    def handler(json_data):
-        if isinstance(json_data, dict):
-            check_prompt(json_data.get("prompt"), classes)
-        return json_data
-
-    return handler
+    return host.prompt_handler(lambda graph: check_prompt(graph, classes))

@@ -12,6 +12,8 @@ a node with no stamp (a prompt that never passed the hook) makes every output.
 
 from __future__ import annotations
 
+from . import host
+
 STAMP = "dgemma_outputs_used"
 MAX_STAMP = 200  # characters: a stamp is a few output names
 
@@ -42,12 +44,7 @@ def stamp(graph, classes: dict) -> None:
 
 def on_prompt(classes: dict):
     """ComfyUI's on-prompt handler: stamps the queued prompt and hands it on."""
-    def handler(json_data):
-        if isinstance(json_data, dict):
-            stamp(json_data.get("prompt"), classes)
-        return json_data
-
-    return handler
+    return host.prompt_handler(lambda graph: stamp(graph, classes))
 
 
 def made(graph, node_id, name: str) -> bool:
